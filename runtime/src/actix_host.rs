@@ -1,0 +1,1 @@
+//! actix adapter (in progress).

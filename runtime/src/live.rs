@@ -1,0 +1,1 @@
+//! Live tokio host (in progress).

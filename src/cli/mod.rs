@@ -1,0 +1,32 @@
+//! The `gyre` command line: argument parsing and one module per command.
+
+pub mod logging;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gyre",
+    version,
+    about = "Elastic online RL for long-horizon coding agents"
+)]
+pub struct Cli {
+    /// Log line format on stderr (filter with RUST_LOG, default `info`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print version, protocol version and build information.
+    Version,
+}
