@@ -3,19 +3,10 @@
 
 use anyhow::Result;
 use clap::Parser;
-use gyre::cli::{Cli, Command, logging};
+use gyre::cli::{Cli, logging};
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     logging::init(cli.log_format);
-    match cli.command {
-        Command::Version => {
-            println!(
-                "gyre {} (wire protocol {})",
-                env!("CARGO_PKG_VERSION"),
-                gyre::runtime::PROTOCOL_VERSION
-            );
-            Ok(())
-        }
-    }
+    gyre::cli::run(cli)
 }

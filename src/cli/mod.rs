@@ -2,6 +2,7 @@
 
 pub mod logging;
 
+use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
@@ -29,4 +30,18 @@ pub enum LogFormat {
 pub enum Command {
     /// Print version, protocol version and build information.
     Version,
+}
+
+/// Runs one parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Version => {
+            println!(
+                "gyre {} (wire protocol {})",
+                env!("CARGO_PKG_VERSION"),
+                gyre_runtime::PROTOCOL_VERSION
+            );
+            Ok(())
+        }
+    }
 }
