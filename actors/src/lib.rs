@@ -5,3 +5,5 @@
 //! Nothing here may read a clock, spawn a thread or use a randomly seeded
 //! hasher: `actors/clippy.toml` forbids it, so the same code replays exactly
 //! in the simulator.
+
+pub mod demo;

@@ -1,1 +1,296 @@
-//! actix adapter (in progress).
+//! The actix adapter: Gyre actors inside a user's actix system.
+//!
+//! Research code often already lives in actix. This adapter hosts any Gyre
+//! [`Actor`] as an actix actor ([`GyreActix`]) so that it runs unchanged next
+//! to the user's own actors: each Gyre actor gets an actix mailbox, its timers
+//! become `run_later` futures, its I/O runs on tokio's blocking pool, and its
+//! sends are routed by [`ActorId`] through a shared table.
+//!
+//! Interop both ways:
+//! - a user's actix actor sends to a Gyre actor with [`GyreHandle::tell`]
+//!   (or by sending an [`Envelope`] to the actix address);
+//! - a Gyre actor sends to a user's actix actor through an
+//!   `Addr<External<M>>` obtained from [`ActixGyre::external`], which the
+//!   adapter delivers as a [`Tell<M>`] to the user's `Recipient`.
+//!
+//! There is no network here: `watch_node` is accepted and never fires.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use actix::{
+    Actor as ActixActor, ActorContext, AsyncContext, Context, Handler, Recipient, SpawnHandle,
+};
+use dashmap::DashMap;
+use rustc_hash::FxHashMap;
+
+use crate::actor::{Actor, External, Message};
+use crate::hosted::{BoxMsg, DynActor, Effect, Env, IdAlloc, hosted};
+use crate::id::{ActorId, Addr, NodeId};
+use crate::time::{Nanos, from_duration, to_duration};
+
+/// A typed message from `from`, as actix sees it.
+#[derive(Debug)]
+pub struct Tell<M> {
+    pub from: ActorId,
+    pub msg: M,
+}
+
+impl<M: Send + 'static> actix::Message for Tell<M> {
+    type Result = ();
+}
+
+/// A type-erased message between Gyre actors hosted in actix.
+#[derive(Debug)]
+pub struct Envelope {
+    pub from: ActorId,
+    pub msg: BoxMsg,
+}
+
+impl actix::Message for Envelope {
+    type Result = ();
+}
+
+type Route = Arc<dyn Fn(ActorId, BoxMsg) + Send + Sync>;
+
+struct Shared {
+    node: NodeId,
+    seed: u64,
+    next_local: AtomicU64,
+    routes: DashMap<ActorId, Route>,
+    epoch: Instant,
+    dropped: AtomicU64,
+}
+
+impl IdAlloc for Shared {
+    fn alloc(&self, node: NodeId) -> ActorId {
+        ActorId {
+            node,
+            local: self.next_local.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+/// One Gyre node inside an actix system: the id counter, the seed and the
+/// routing table its actors share. Cheap to clone.
+#[derive(Clone)]
+pub struct ActixGyre {
+    shared: Arc<Shared>,
+}
+
+impl ActixGyre {
+    /// Ids start at 1 on `node`, as in the other hosts, so the same spawn
+    /// order gives the same ids and the same per-actor random streams.
+    pub fn new(node: NodeId, seed: u64) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                node,
+                seed,
+                next_local: AtomicU64::new(1),
+                routes: DashMap::new(),
+                epoch: Instant::now(),
+                dropped: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Starts `actor` in the current actix arbiter. Must be called from
+    /// inside a running actix system.
+    pub fn start<A: Actor>(&self, actor: A) -> GyreHandle<A> {
+        let id = self.shared.alloc(self.shared.node);
+        let addr = self.start_dyn(hosted(actor, id, self.shared.seed));
+        GyreHandle {
+            id: Addr::new(id),
+            addr,
+        }
+    }
+
+    fn start_dyn(&self, inner: Box<dyn DynActor>) -> actix::Addr<GyreActix> {
+        let id = inner.id();
+        let gyre = self.clone();
+        GyreActix::create(move |ctx| {
+            // Register before the actor starts so on_start's sends to itself
+            // (and anyone's sends to it) find the route.
+            let me = ctx.address();
+            gyre.shared.routes.insert(
+                id,
+                Arc::new(move |from, msg| me.do_send(Envelope { from, msg })),
+            );
+            GyreActix {
+                inner,
+                gyre,
+                timers: FxHashMap::default(),
+                stopped: false,
+            }
+        })
+    }
+
+    /// An address Gyre actors can send `M` to; the adapter hands each such
+    /// message to `recipient` as a [`Tell<M>`].
+    pub fn external<M: Message>(&self, recipient: Recipient<Tell<M>>) -> Addr<External<M>> {
+        let id = self.shared.alloc(self.shared.node);
+        let route: Route = Arc::new(move |from, msg: BoxMsg| {
+            let got = msg.type_name();
+            match msg.into_any().downcast::<M>() {
+                Ok(msg) => recipient.do_send(Tell { from, msg: *msg }),
+                Err(_) => tracing::warn!(
+                    to = %id,
+                    expected = std::any::type_name::<M>(),
+                    got,
+                    "mistyped message to an external actix recipient dropped"
+                ),
+            }
+        });
+        self.shared.routes.insert(id, route);
+        Addr::new(id)
+    }
+
+    /// Sends from outside any actor (`from` is only informative).
+    pub fn send<A: Actor>(&self, from: ActorId, to: Addr<A>, msg: impl Into<A::Msg>) {
+        let msg: A::Msg = msg.into();
+        self.route(from, to.id(), Box::new(msg));
+    }
+
+    /// Messages dropped because their destination was unknown or stopped.
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+
+    fn route(&self, from: ActorId, to: ActorId, msg: BoxMsg) {
+        let route = self.shared.routes.get(&to).map(|r| Arc::clone(r.value()));
+        match route {
+            Some(route) => route(from, msg),
+            None => {
+                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%from, %to, ?msg, "message to an unknown actor dropped");
+            }
+        }
+    }
+
+    fn now(&self) -> Nanos {
+        from_duration(self.shared.epoch.elapsed())
+    }
+}
+
+/// A started Gyre actor: its Gyre address and its actix address.
+pub struct GyreHandle<A: Actor> {
+    pub id: Addr<A>,
+    pub addr: actix::Addr<GyreActix>,
+}
+
+impl<A: Actor> GyreHandle<A> {
+    /// Delivers `msg` as if sent by `from` (an actix actor's chosen id).
+    pub fn tell(&self, from: ActorId, msg: impl Into<A::Msg>) {
+        let msg: A::Msg = msg.into();
+        self.addr.do_send(Envelope {
+            from,
+            msg: Box::new(msg),
+        });
+    }
+}
+
+impl<A: Actor> Clone for GyreHandle<A> {
+    fn clone(&self) -> Self {
+        Self {
+            id: self.id,
+            addr: self.addr.clone(),
+        }
+    }
+}
+
+/// The actix actor that hosts one Gyre actor.
+pub struct GyreActix {
+    inner: Box<dyn DynActor>,
+    gyre: ActixGyre,
+    timers: FxHashMap<u64, SpawnHandle>,
+    stopped: bool,
+}
+
+impl GyreActix {
+    fn with_env(&mut self, ctx: &mut Context<Self>, f: impl FnOnce(&mut dyn DynActor, &mut Env<'_>)) {
+        if self.stopped {
+            return;
+        }
+        let mut effects = Vec::new();
+        let mut env = Env {
+            now: self.gyre.now(),
+            run_seed: self.gyre.shared.seed,
+            effects: &mut effects,
+            ids: &*self.gyre.shared,
+        };
+        f(self.inner.as_mut(), &mut env);
+        self.apply(effects, ctx);
+    }
+
+    fn apply(&mut self, effects: Vec<Effect>, ctx: &mut Context<Self>) {
+        let me = self.inner.id();
+        for effect in effects {
+            match effect {
+                Effect::Send { to, msg } => self.gyre.route(me, to, msg),
+                Effect::SetTimer { token, after } => {
+                    let handle = ctx.run_later(to_duration(after), move |act, ctx| {
+                        act.timers.remove(&token);
+                        act.with_env(ctx, |inner, env| {
+                            inner.fire(token, env);
+                        });
+                    });
+                    self.timers.insert(token, handle);
+                }
+                Effect::CancelTimer { token } => {
+                    if let Some(handle) = self.timers.remove(&token) {
+                        ctx.cancel_future(handle);
+                    }
+                }
+                Effect::Spawn { actor, .. } => {
+                    self.gyre.start_dyn(actor);
+                }
+                Effect::Io { op } => {
+                    let gyre = self.gyre.clone();
+                    actix::spawn(async move {
+                        let msg = match tokio::task::spawn_blocking(move || op.complete()).await {
+                            Ok(msg) => msg,
+                            Err(e) => {
+                                tracing::error!(actor = %me, "I/O request panicked: {e}");
+                                return;
+                            }
+                        };
+                        gyre.route(me, me, msg);
+                    });
+                }
+                Effect::WatchNode(node) => {
+                    tracing::debug!(actor = %me, %node, "watch_node has no effect in the actix adapter");
+                }
+                Effect::Stop => {
+                    self.stopped = true;
+                    ctx.stop();
+                }
+            }
+        }
+    }
+}
+
+impl ActixActor for GyreActix {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.with_env(ctx, |inner, env| inner.start(env));
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.gyre.shared.routes.remove(&self.inner.id());
+    }
+}
+
+impl Handler<Envelope> for GyreActix {
+    type Result = ();
+
+    fn handle(&mut self, env: Envelope, ctx: &mut Context<Self>) {
+        let Envelope { from, msg } = env;
+        self.with_env(ctx, |inner, env| {
+            if let Err(e) = inner.deliver(from, msg, env) {
+                tracing::warn!("{e}");
+            }
+        });
+    }
+}
