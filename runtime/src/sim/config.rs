@@ -18,10 +18,16 @@ use super::fmt_nanos;
 pub enum Latency {
     Const(Nanos),
     /// Uniform over `[min, max]` (bounds swapped if given backwards).
-    Uniform { min: Nanos, max: Nanos },
+    Uniform {
+        min: Nanos,
+        max: Nanos,
+    },
     /// `min` plus an exponential tail, so that the overall mean is `mean`
     /// (a mean below `min` means no tail). Models queueing spikes.
-    Exponential { min: Nanos, mean: Nanos },
+    Exponential {
+        min: Nanos,
+        mean: Nanos,
+    },
 }
 
 impl Latency {
@@ -74,7 +80,7 @@ impl LinkModel {
         }
     }
 
-    /// A link that loses everything (a partition that still counts as loss).
+    /// An ordered link that loses each message with probability `loss`.
     pub const fn lossy(latency: Latency, loss: f64) -> Self {
         Self {
             latency,
@@ -201,17 +207,23 @@ impl SimConfig {
     /// `new(seed)`, unless `GYRE_SEED` names another seed (replaying a
     /// failure). An unparsable `GYRE_SEED` is reported and ignored.
     pub fn from_env_or(seed: u64) -> Self {
-        let seed = match std::env::var(super::SEED_ENV) {
-            Ok(text) => match super::parse_seed(&text) {
-                Ok(s) => s,
-                Err(err) => {
-                    tracing::warn!(%err, "ignoring {}", super::SEED_ENV);
-                    seed
-                }
-            },
-            Err(_) => seed,
-        };
-        Self::new(seed)
+        let env = std::env::var(super::SEED_ENV).ok();
+        Self::new(seed_from(env.as_deref(), seed))
+    }
+}
+
+/// The seed a `GYRE_SEED` value names, else `fallback` (unset, empty, or
+/// unparsable, which is reported).
+fn seed_from(env: Option<&str>, fallback: u64) -> u64 {
+    match env {
+        Some(text) if !text.trim().is_empty() => match super::parse_seed(text) {
+            Ok(seed) => seed,
+            Err(err) => {
+                tracing::warn!(%err, "ignoring {}", super::SEED_ENV);
+                fallback
+            }
+        },
+        _ => fallback,
     }
 }
 
@@ -239,6 +251,15 @@ mod tests {
         assert_eq!(io.get("disk").latency, Latency::Const(5));
         assert_eq!(io.get("disk").fail, 0.5);
         assert_eq!(io.get("other"), &io.default);
+    }
+
+    #[test]
+    fn env_seed_overrides_unless_unset_or_bad() {
+        assert_eq!(seed_from(Some("17"), 3), 17);
+        assert_eq!(seed_from(Some("0xff"), 3), 255);
+        assert_eq!(seed_from(None, 3), 3);
+        assert_eq!(seed_from(Some(" "), 3), 3);
+        assert_eq!(seed_from(Some("seventeen"), 3), 3);
     }
 
     #[test]

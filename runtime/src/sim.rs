@@ -1,1 +1,0 @@
-//! Deterministic simulator host (in progress).
