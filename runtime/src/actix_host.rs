@@ -208,7 +208,11 @@ pub struct GyreActix {
 }
 
 impl GyreActix {
-    fn with_env(&mut self, ctx: &mut Context<Self>, f: impl FnOnce(&mut dyn DynActor, &mut Env<'_>)) {
+    fn with_env(
+        &mut self,
+        ctx: &mut Context<Self>,
+        f: impl FnOnce(&mut dyn DynActor, &mut Env<'_>),
+    ) {
         if self.stopped {
             return;
         }

@@ -71,7 +71,11 @@ impl Actor for Echo {
 
     fn on_timer(&mut self, key: u64, cx: &mut Cx<'_, Self>) {
         let (n, to) = self.pending[key as usize];
-        cx.io(Doubling(n), move |result| EchoMsg::Computed { n, to, result });
+        cx.io(Doubling(n), move |result| EchoMsg::Computed {
+            n,
+            to,
+            result,
+        });
     }
 }
 

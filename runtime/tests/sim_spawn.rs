@@ -83,10 +83,11 @@ fn children_spawn_start_reply_and_stop() {
 
     let p = sim.actor(parent).unwrap();
     let ids: Vec<ActorId> = p.children.iter().map(|c| c.id()).collect();
-    // The node's counter: the parent was 0, its children 1, 2, 3.
+    // The node's counter starts at 1: the parent was 1, its children 2, 3, 4.
+    assert_eq!(parent.id(), ActorId::new(3, 1));
     assert_eq!(
         ids,
-        vec![ActorId::new(3, 1), ActorId::new(3, 2), ActorId::new(3, 3)]
+        vec![ActorId::new(3, 2), ActorId::new(3, 3), ActorId::new(3, 4)]
     );
     // The injection crossed the 100µs link from node 0.
     let t = 2 * MILLIS + 100_000;

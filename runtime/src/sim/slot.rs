@@ -106,9 +106,9 @@ mod tests {
     #[test]
     fn ids_count_per_node() {
         let ids = NodeCounters::default();
-        assert_eq!(ids.alloc(NodeId(1)), ActorId::new(1, 0));
-        assert_eq!(ids.alloc(NodeId(2)), ActorId::new(2, 0));
         assert_eq!(ids.alloc(NodeId(1)), ActorId::new(1, 1));
+        assert_eq!(ids.alloc(NodeId(2)), ActorId::new(2, 1));
+        assert_eq!(ids.alloc(NodeId(1)), ActorId::new(1, 2));
     }
 
     #[test]

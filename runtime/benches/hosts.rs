@@ -1,0 +1,448 @@
+//! Messages per second for the same two workloads in every host, in one run:
+//! ping-pong (two actors, one message in flight) and fan-out (one hub, 64
+//! leaves, every round a request to each leaf and a reply from each).
+//!
+//! Compared side by side: the simulator (one core, virtual time), the live
+//! tokio host in one process, Gyre actors in the actix adapter, and the same
+//! workloads written directly against actix. Criterion reports elements
+//! (messages) per second; README.md quotes the medians and their ratios.
+
+use std::time::Duration;
+
+use actix::{Actor as ActixActor, AsyncContext, Context, Handler};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use gyre_runtime::actix_host::{ActixGyre, Tell};
+use gyre_runtime::live::{LiveConfig, LiveNode};
+use gyre_runtime::sim::{Sim, SimConfig};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, External, NodeId};
+use serde::{Deserialize, Serialize};
+
+const PING_PONG_ROUNDS: u64 = 20_000;
+const FAN_OUT_LEAVES: u64 = 64;
+const FAN_OUT_ROUNDS: u64 = 300;
+
+// ---------- the workloads as Gyre actors ----------
+
+#[derive(Debug, Serialize, Deserialize)]
+enum PingMsg {
+    Start(Addr<Ponger>),
+    Pong(u64),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Ping(u64, Addr<Pinger>);
+
+struct Pinger {
+    rounds: u64,
+    peer: Option<Addr<Ponger>>,
+    done: Addr<External<u64>>,
+}
+
+impl Actor for Pinger {
+    type Msg = PingMsg;
+    type Timer = ();
+    fn on_msg(&mut self, _: ActorId, msg: PingMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            PingMsg::Start(peer) => {
+                self.peer = Some(peer);
+                let me = cx.me();
+                cx.send(peer, Ping(0, me));
+            }
+            PingMsg::Pong(n) if n + 1 >= self.rounds => cx.send(self.done, n + 1),
+            PingMsg::Pong(n) => {
+                if let Some(peer) = self.peer {
+                    let me = cx.me();
+                    cx.send(peer, Ping(n + 1, me));
+                }
+            }
+        }
+    }
+}
+
+struct Ponger;
+impl Actor for Ponger {
+    type Msg = Ping;
+    type Timer = ();
+    fn on_msg(&mut self, _: ActorId, Ping(n, reply): Ping, cx: &mut Cx<'_, Self>) {
+        cx.send(reply, PingMsg::Pong(n));
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum HubMsg {
+    Start(Vec<Addr<Leaf>>),
+    Reply,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Request(Addr<Hub>);
+
+struct Hub {
+    leaves: Vec<Addr<Leaf>>,
+    waiting: u64,
+    round: u64,
+    done: Addr<External<u64>>,
+}
+
+impl Hub {
+    fn fan_out(&mut self, cx: &mut Cx<'_, Self>) {
+        let me = cx.me();
+        for leaf in &self.leaves {
+            cx.send(*leaf, Request(me));
+        }
+        self.waiting = self.leaves.len() as u64;
+    }
+}
+
+impl Actor for Hub {
+    type Msg = HubMsg;
+    type Timer = ();
+    fn on_msg(&mut self, _: ActorId, msg: HubMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            HubMsg::Start(leaves) => {
+                self.leaves = leaves;
+                self.fan_out(cx);
+            }
+            HubMsg::Reply => {
+                self.waiting -= 1;
+                if self.waiting == 0 {
+                    self.round += 1;
+                    if self.round == FAN_OUT_ROUNDS {
+                        cx.send(self.done, self.round);
+                    } else {
+                        self.fan_out(cx);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Leaf;
+impl Actor for Leaf {
+    type Msg = Request;
+    type Timer = ();
+    fn on_msg(&mut self, _: ActorId, Request(hub): Request, cx: &mut Cx<'_, Self>) {
+        cx.send(hub, HubMsg::Reply);
+    }
+}
+
+const OUTSIDE: ActorId = ActorId::new(99, 0);
+
+// ---------- simulator ----------
+
+fn sim_ping_pong() -> u64 {
+    let mut sim = Sim::new(SimConfig::new(1));
+    let done = sim.probe::<u64>(NodeId(0));
+    let ponger = sim.spawn(NodeId(0), Ponger);
+    let pinger = sim.spawn(
+        NodeId(0),
+        Pinger {
+            rounds: PING_PONG_ROUNDS,
+            peer: None,
+            done,
+        },
+    );
+    sim.inject(OUTSIDE, pinger, PingMsg::Start(ponger));
+    sim.run().expect("no invariant to break");
+    sim.events()
+}
+
+fn sim_fan_out() -> u64 {
+    let mut sim = Sim::new(SimConfig::new(1));
+    let done = sim.probe::<u64>(NodeId(0));
+    let leaves = (0..FAN_OUT_LEAVES)
+        .map(|_| sim.spawn(NodeId(0), Leaf))
+        .collect();
+    let hub = sim.spawn(
+        NodeId(0),
+        Hub {
+            leaves: Vec::new(),
+            waiting: 0,
+            round: 0,
+            done,
+        },
+    );
+    sim.inject(OUTSIDE, hub, HubMsg::Start(leaves));
+    sim.run().expect("no invariant to break");
+    sim.events()
+}
+
+// ---------- live host, one process ----------
+
+async fn live_ping_pong() {
+    let node = LiveNode::start(LiveConfig::local(NodeId(0), 1))
+        .await
+        .expect("local node starts");
+    let (done, mut rx) = node.probe::<u64>(4);
+    let ponger = node.spawn(Ponger);
+    let pinger = node.spawn(Pinger {
+        rounds: PING_PONG_ROUNDS,
+        peer: None,
+        done,
+    });
+    node.send(OUTSIDE, pinger, PingMsg::Start(ponger))
+        .await
+        .expect("pinger is local");
+    rx.recv().await.expect("pinger reports");
+    node.shutdown().await;
+}
+
+async fn live_fan_out() {
+    let node = LiveNode::start(LiveConfig::local(NodeId(0), 1))
+        .await
+        .expect("local node starts");
+    let (done, mut rx) = node.probe::<u64>(4);
+    let leaves = (0..FAN_OUT_LEAVES).map(|_| node.spawn(Leaf)).collect();
+    let hub = node.spawn(Hub {
+        leaves: Vec::new(),
+        waiting: 0,
+        round: 0,
+        done,
+    });
+    node.send(OUTSIDE, hub, HubMsg::Start(leaves))
+        .await
+        .expect("hub is local");
+    rx.recv().await.expect("hub reports");
+    node.shutdown().await;
+}
+
+// ---------- Gyre actors in the actix adapter ----------
+
+struct Finish(Option<tokio::sync::oneshot::Sender<()>>);
+impl ActixActor for Finish {
+    type Context = Context<Self>;
+}
+impl Handler<Tell<u64>> for Finish {
+    type Result = ();
+    fn handle(&mut self, _: Tell<u64>, _: &mut Context<Self>) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn adapter_ping_pong(sys: &mut actix::SystemRunner) {
+    sys.block_on(async {
+        let gyre = ActixGyre::new(NodeId(0), 1);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let done = gyre.external(Finish(Some(tx)).start().recipient());
+        let ponger = gyre.start(Ponger);
+        let pinger = gyre.start(Pinger {
+            rounds: PING_PONG_ROUNDS,
+            peer: None,
+            done,
+        });
+        pinger.tell(OUTSIDE, PingMsg::Start(ponger.id));
+        rx.await.expect("pinger reports");
+    });
+}
+
+fn adapter_fan_out(sys: &mut actix::SystemRunner) {
+    sys.block_on(async {
+        let gyre = ActixGyre::new(NodeId(0), 1);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let done = gyre.external(Finish(Some(tx)).start().recipient());
+        let leaves = (0..FAN_OUT_LEAVES).map(|_| gyre.start(Leaf).id).collect();
+        let hub = gyre.start(Hub {
+            leaves: Vec::new(),
+            waiting: 0,
+            round: 0,
+            done,
+        });
+        hub.tell(OUTSIDE, HubMsg::Start(leaves));
+        rx.await.expect("hub reports");
+    });
+}
+
+// ---------- the same workloads written directly against actix ----------
+
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+struct APing(u64);
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+struct APong(u64);
+
+struct APinger {
+    rounds: u64,
+    peer: Option<actix::Addr<APonger>>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+struct APonger {
+    pinger: Option<actix::Addr<APinger>>,
+}
+impl ActixActor for APinger {
+    type Context = Context<Self>;
+}
+impl ActixActor for APonger {
+    type Context = Context<Self>;
+}
+impl Handler<APing> for APonger {
+    type Result = ();
+    fn handle(&mut self, APing(n): APing, _: &mut Context<Self>) {
+        if let Some(p) = &self.pinger {
+            p.do_send(APong(n));
+        }
+    }
+}
+impl Handler<APong> for APinger {
+    type Result = ();
+    fn handle(&mut self, APong(n): APong, _: &mut Context<Self>) {
+        if n + 1 >= self.rounds {
+            if let Some(tx) = self.done.take() {
+                let _ = tx.send(());
+            }
+        } else if let Some(p) = &self.peer {
+            p.do_send(APing(n + 1));
+        }
+    }
+}
+
+fn actix_ping_pong(sys: &mut actix::SystemRunner) {
+    sys.block_on(async {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let pinger_ctx = Context::<APinger>::new();
+        let pinger_addr = pinger_ctx.address();
+        let ponger = APonger {
+            pinger: Some(pinger_addr.clone()),
+        }
+        .start();
+        pinger_ctx.run(APinger {
+            rounds: PING_PONG_ROUNDS,
+            peer: Some(ponger.clone()),
+            done: Some(tx),
+        });
+        ponger.do_send(APing(0));
+        rx.await.expect("pinger reports");
+    });
+}
+
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+struct AReq;
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+struct AReply;
+
+struct AHub {
+    leaves: Vec<actix::Addr<ALeaf>>,
+    waiting: u64,
+    round: u64,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+struct ALeaf {
+    hub: actix::Addr<AHub>,
+}
+impl ActixActor for AHub {
+    type Context = Context<Self>;
+}
+impl ActixActor for ALeaf {
+    type Context = Context<Self>;
+}
+impl AHub {
+    fn fan_out(&mut self) {
+        for leaf in &self.leaves {
+            leaf.do_send(AReq);
+        }
+        self.waiting = self.leaves.len() as u64;
+    }
+}
+impl Handler<AReq> for ALeaf {
+    type Result = ();
+    fn handle(&mut self, _: AReq, _: &mut Context<Self>) {
+        self.hub.do_send(AReply);
+    }
+}
+impl Handler<AReply> for AHub {
+    type Result = ();
+    fn handle(&mut self, _: AReply, _: &mut Context<Self>) {
+        self.waiting -= 1;
+        if self.waiting == 0 {
+            self.round += 1;
+            if self.round == FAN_OUT_ROUNDS {
+                if let Some(tx) = self.done.take() {
+                    let _ = tx.send(());
+                }
+            } else {
+                self.fan_out();
+            }
+        }
+    }
+}
+
+fn actix_fan_out(sys: &mut actix::SystemRunner) {
+    sys.block_on(async {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let hub_ctx = Context::<AHub>::new();
+        let hub_addr = hub_ctx.address();
+        let leaves = (0..FAN_OUT_LEAVES)
+            .map(|_| {
+                ALeaf {
+                    hub: hub_addr.clone(),
+                }
+                .start()
+            })
+            .collect();
+        let mut hub = AHub {
+            leaves,
+            waiting: 0,
+            round: 0,
+            done: Some(tx),
+        };
+        hub.fan_out();
+        hub_ctx.run(hub);
+        rx.await.expect("hub reports");
+    });
+}
+
+// ---------- criterion ----------
+
+fn ping_pong(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ping_pong");
+    g.throughput(Throughput::Elements(2 * PING_PONG_ROUNDS));
+    g.measurement_time(Duration::from_secs(4));
+    g.sample_size(10);
+    g.bench_function(BenchmarkId::new("host", "sim"), |b| b.iter(sim_ping_pong));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    g.bench_function(BenchmarkId::new("host", "live"), |b| {
+        b.iter(|| rt.block_on(live_ping_pong()))
+    });
+    let mut sys = actix::System::new();
+    g.bench_function(BenchmarkId::new("host", "actix-adapter"), |b| {
+        b.iter(|| adapter_ping_pong(&mut sys))
+    });
+    g.bench_function(BenchmarkId::new("host", "actix-direct"), |b| {
+        b.iter(|| actix_ping_pong(&mut sys))
+    });
+    g.finish();
+}
+
+fn fan_out(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fan_out");
+    g.throughput(Throughput::Elements(2 * FAN_OUT_LEAVES * FAN_OUT_ROUNDS));
+    g.measurement_time(Duration::from_secs(4));
+    g.sample_size(10);
+    g.bench_function(BenchmarkId::new("host", "sim"), |b| b.iter(sim_fan_out));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    g.bench_function(BenchmarkId::new("host", "live"), |b| {
+        b.iter(|| rt.block_on(live_fan_out()))
+    });
+    let mut sys = actix::System::new();
+    g.bench_function(BenchmarkId::new("host", "actix-adapter"), |b| {
+        b.iter(|| adapter_fan_out(&mut sys))
+    });
+    g.bench_function(BenchmarkId::new("host", "actix-direct"), |b| {
+        b.iter(|| actix_fan_out(&mut sys))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, ping_pong, fan_out);
+criterion_main!(benches);

@@ -1,1 +1,0 @@
-//! Live tokio host (in progress).
