@@ -28,7 +28,7 @@ use rustc_hash::FxHashMap;
 use crate::actor::{Actor, External, Message};
 use crate::hosted::{BoxMsg, DynActor, Effect, Env, IdAlloc, hosted};
 use crate::id::{ActorId, Addr, NodeId};
-use crate::time::{Nanos, from_duration, to_duration};
+use crate::time::{Clock, Nanos, from_duration, to_duration};
 
 /// A typed message from `from`, as actix sees it.
 #[derive(Debug)]
@@ -217,8 +217,10 @@ impl GyreActix {
             return;
         }
         let mut effects = Vec::new();
+        let gyre = &self.gyre;
+        let read = || gyre.now();
         let mut env = Env {
-            now: self.gyre.now(),
+            now: Clock::lazy(&read),
             run_seed: self.gyre.shared.seed,
             effects: &mut effects,
             ids: &*self.gyre.shared,

@@ -10,12 +10,12 @@ use crate::hosted::{Effect, IdAlloc, hosted, io_op};
 use crate::id::{ActorId, Addr, NodeId};
 use crate::io::{IoError, IoRequest};
 use crate::rng::ActorRng;
-use crate::time::Nanos;
+use crate::time::{Clock, Nanos};
 use crate::timers::TimerTable;
 
 pub struct Cx<'a, A: Actor> {
     me: ActorId,
-    now: Nanos,
+    now: &'a Clock<'a>,
     run_seed: u64,
     effects: &'a mut Vec<Effect>,
     ids: &'a dyn IdAlloc,
@@ -26,7 +26,7 @@ pub struct Cx<'a, A: Actor> {
 impl<'a, A: Actor> Cx<'a, A> {
     pub(crate) fn new(
         me: ActorId,
-        now: Nanos,
+        now: &'a Clock<'a>,
         run_seed: u64,
         effects: &'a mut Vec<Effect>,
         ids: &'a dyn IdAlloc,
@@ -55,7 +55,7 @@ impl<'a, A: Actor> Cx<'a, A> {
 
     /// The host's time when this input arrived (virtual in the simulator).
     pub fn now(&self) -> Nanos {
-        self.now
+        self.now.now()
     }
 
     /// This actor's random stream, derived from the run seed and its id.

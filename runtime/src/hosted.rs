@@ -15,7 +15,7 @@ use crate::error::RuntimeError;
 use crate::id::{ActorId, NodeId};
 use crate::io::{IoError, IoRequest};
 use crate::rng::{ActorRng, actor_rng};
-use crate::time::Nanos;
+use crate::time::{Clock, Nanos};
 use crate::timers::TimerTable;
 
 /// A message with its type erased; it can still be encoded for the wire.
@@ -138,7 +138,7 @@ impl Debug for Effect {
 
 /// What a host lends an actor for one handler call.
 pub struct Env<'a> {
-    pub now: Nanos,
+    pub now: Clock<'a>,
     pub run_seed: u64,
     pub effects: &'a mut Vec<Effect>,
     pub ids: &'a dyn IdAlloc,
@@ -190,7 +190,7 @@ impl<A: Actor> Hosted<A> {
     fn cx<'a>(&'a mut self, env: &'a mut Env<'_>) -> (&'a mut A, Cx<'a, A>) {
         let cx = Cx::new(
             self.id,
-            env.now,
+            &env.now,
             env.run_seed,
             &mut *env.effects,
             env.ids,

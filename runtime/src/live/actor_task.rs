@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 
 use crate::hosted::{BoxMsg, DynActor, Effect, Env};
 use crate::id::{ActorId, NodeId};
-use crate::time::Nanos;
+use crate::time::{Clock, Nanos};
 
 use super::channel::{self, Rx, TrySend, Tx};
 use super::lock;
@@ -137,18 +137,20 @@ impl ActorTask {
     }
 
     async fn handle(&mut self, input: Input) {
-        let now = self.inner.now();
-        self.call(input, now);
+        let now = self.call(input);
         self.apply(now).await;
     }
 
-    /// Runs one handler; its effects land in `self.effects`.
-    fn call(&mut self, input: Input, now: Nanos) {
+    /// Runs one handler; its effects land in `self.effects`. Returns the
+    /// time the handler saw, if it looked (the clock is read lazily).
+    fn call(&mut self, input: Input) -> Option<Nanos> {
+        let inner = &*self.inner;
+        let read = || inner.now();
         let mut env = Env {
-            now,
-            run_seed: self.inner.cfg.seed,
+            now: Clock::lazy(&read),
+            run_seed: inner.cfg.seed,
             effects: &mut self.effects,
-            ids: &self.inner.ids,
+            ids: &inner.ids,
         };
         match input {
             Input::Start => self.actor.start(&mut env),
@@ -164,9 +166,10 @@ impl ActorTask {
             }
             Input::PeerDown(node) => self.actor.peer_down(node, &mut env),
         }
+        env.now.if_read()
     }
 
-    async fn apply(&mut self, now: Nanos) {
+    async fn apply(&mut self, mut now: Option<Nanos>) {
         let mut effects = std::mem::take(&mut self.effects);
         for effect in effects.drain(..) {
             match effect {
@@ -176,7 +179,9 @@ impl ActorTask {
                     }
                 }
                 Effect::SetTimer { token, after } => {
-                    let at = self.inner.deadline(now, after);
+                    // Relative to the handler's own `now` when it read one.
+                    let base = *now.get_or_insert_with(|| self.inner.now());
+                    let at = self.inner.deadline(base, after);
                     self.timers.insert(token, at);
                 }
                 Effect::CancelTimer { token } => self.timers.remove(token),

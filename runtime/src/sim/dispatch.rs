@@ -7,6 +7,7 @@
 use crate::hosted::{BoxMsg, Effect, Env, ErasedIo};
 use crate::id::{ActorId, NodeId};
 use crate::io::IoError;
+use crate::time::Clock;
 use crate::time::Nanos;
 
 use super::error::{SimError, SimFailure};
@@ -147,7 +148,7 @@ impl Sim {
         let delivered = match &mut slot.body {
             Body::Actor(actor) => {
                 let mut env = Env {
-                    now: at,
+                    now: Clock::fixed(at),
                     run_seed: self.cfg.seed,
                     effects: &mut self.effects,
                     ids: &self.ids,
@@ -191,7 +192,7 @@ impl Sim {
             return false;
         }
         let mut env = Env {
-            now: at,
+            now: Clock::fixed(at),
             run_seed: self.cfg.seed,
             effects: &mut self.effects,
             ids: &self.ids,
@@ -216,7 +217,7 @@ impl Sim {
             return false;
         }
         let mut env = Env {
-            now: at,
+            now: Clock::fixed(at),
             run_seed: self.cfg.seed,
             effects: &mut self.effects,
             ids: &self.ids,
@@ -238,7 +239,7 @@ impl Sim {
         };
         let inc = slot.inc;
         let mut env = Env {
-            now: at,
+            now: Clock::fixed(at),
             run_seed: self.cfg.seed,
             effects: &mut self.effects,
             ids: &self.ids,
