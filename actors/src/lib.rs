@@ -7,3 +7,4 @@
 //! in the simulator.
 
 pub mod demo;
+pub mod trajectory;

@@ -1,6 +1,8 @@
 //! The `gyre` command line: argument parsing and one module per command.
 
+pub mod demo;
 pub mod logging;
+pub mod trace;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -30,6 +32,12 @@ pub enum LogFormat {
 pub enum Command {
     /// Print version, protocol version and build information.
     Version,
+    /// Run the demo protocol in the simulator and the live host; print both
+    /// results and the simulator's trace hash.
+    Demo(demo::DemoArgs),
+    /// Inspect JSONL traces of recorded model calls: tree statistics,
+    /// admission, synthetic traces.
+    Trace(trace::TraceArgs),
 }
 
 /// Runs one parsed command line.
@@ -43,5 +51,7 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Command::Demo(args) => demo::run(args),
+        Command::Trace(args) => trace::run(args),
     }
 }

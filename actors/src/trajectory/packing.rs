@@ -1,0 +1,268 @@
+//! From admitted trajectories to token rows, and from rows to micro-steps.
+//!
+//! A row is one admitted trajectory materialised: its root-to-leaf tokens as
+//! input ids, a target mask (this trajectory's targets only; the rest of the
+//! path is conditioning context, possibly trained by another row), the
+//! recorded behaviour log-probs, the execution's advantage and a per-token
+//! coefficient 1/(L_i·B·N) on targets (0 elsewhere). Because coefficients
+//! live on tokens, how rows are cut and grouped into micro-steps cannot
+//! change any token's weight.
+//!
+//! Position `u` of a row holds token `u`; its target flag and log-prob are
+//! about predicting token `u` from tokens `..u` (trainers shift by one).
+//!
+//! Packing: rows longer than the micro-step token budget are cut into
+//! consecutive chunks that land in strictly increasing micro-steps (a later
+//! chunk needs its predecessor's context, carried as KV state or recomputed).
+//! Full chunks get their own micro-step; the remaining pieces are placed
+//! first-fit in decreasing size order, which fills micro-steps densely.
+
+use serde::{Deserialize, Serialize};
+
+use super::admission::Admission;
+use super::objective::{TargetTokens, coefficient};
+use super::tree::{NodeId, TrajectoryTree, flag};
+
+/// One materialised trajectory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenRow {
+    /// Index of the execution in the batch.
+    pub execution: u32,
+    pub leaf: NodeId,
+    pub input_ids: Vec<u32>,
+    pub target: Vec<bool>,
+    pub behaviour_logprobs: Vec<f32>,
+    pub coefficients: Vec<f32>,
+    pub advantage: f32,
+}
+
+impl TokenRow {
+    pub fn len(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+
+    pub fn targets(&self) -> usize {
+        self.target.iter().filter(|&&t| t).count()
+    }
+}
+
+/// Rows of one execution's admitted trajectories. `batch_executions` is B·N.
+pub fn materialise(
+    tree: &TrajectoryTree,
+    admission: &Admission,
+    execution: u32,
+    advantage: f32,
+    batch_executions: u64,
+) -> Vec<TokenRow> {
+    let c = coefficient(admission.targets, batch_executions);
+    admission
+        .trajectories
+        .iter()
+        .map(|r| {
+            let len = r.path.last().map_or(0, |&l| tree.depth_end(l) as usize);
+            let mut row = TokenRow {
+                execution,
+                leaf: r.leaf,
+                input_ids: Vec::with_capacity(len),
+                target: Vec::with_capacity(len),
+                behaviour_logprobs: Vec::with_capacity(len),
+                coefficients: Vec::with_capacity(len),
+                advantage,
+            };
+            for &node in &r.path {
+                let fixed = r.target_nodes.contains(&node);
+                row.input_ids.extend_from_slice(tree.tokens(node));
+                for (&f, &lp) in tree.flags(node).iter().zip(tree.logprobs(node)) {
+                    let t = fixed && flag::trainable(f);
+                    row.target.push(t);
+                    row.behaviour_logprobs.push(if t { lp } else { 0.0 });
+                    row.coefficients.push(if t { c } else { 0.0 });
+                }
+            }
+            row
+        })
+        .collect()
+}
+
+/// A piece of a row: tokens `start..end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowChunk {
+    pub row: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+impl RowChunk {
+    pub fn len(&self) -> u32 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
+
+/// One unit of training input, claimed atomically by one training cell.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MicroStep {
+    pub chunks: Vec<RowChunk>,
+    pub tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackingError {
+    #[error("the micro-step token budget must be positive")]
+    ZeroBudget,
+    #[error("row {row} has {len} tokens, more than a 32-bit position holds")]
+    RowTooLong { row: usize, len: usize },
+}
+
+/// Packs rows into micro-steps of at most `budget` tokens. Deterministic.
+pub fn pack(rows: &[TokenRow], budget: u32) -> Result<Vec<MicroStep>, PackingError> {
+    if budget == 0 {
+        return Err(PackingError::ZeroBudget);
+    }
+    let mut order: Vec<usize> = (0..rows.len()).filter(|&r| !rows[r].is_empty()).collect();
+    for &r in &order {
+        if u32::try_from(rows[r].len()).is_err() {
+            return Err(PackingError::RowTooLong {
+                row: r,
+                len: rows[r].len(),
+            });
+        }
+    }
+    order.sort_by_key(|&r| (std::cmp::Reverse(rows[r].len()), r));
+    let mut steps: Vec<MicroStep> = Vec::new();
+    // Pieces left after the full chunks: (row, start, end, first allowed step).
+    let mut rest = Vec::new();
+    for &r in &order {
+        let len = rows[r].len() as u32;
+        let mut start = 0;
+        let mut min_step = 0;
+        while len - start >= budget {
+            steps.push(MicroStep {
+                chunks: vec![RowChunk {
+                    row: r as u32,
+                    start,
+                    end: start + budget,
+                }],
+                tokens: budget,
+            });
+            start += budget;
+            min_step = steps.len();
+        }
+        if start < len {
+            rest.push((r as u32, start, len, min_step));
+        }
+    }
+    rest.sort_by_key(|&(r, s, e, _)| (std::cmp::Reverse(e - s), r));
+    for (row, start, end, min_step) in rest {
+        let len = end - start;
+        let chunk = RowChunk { row, start, end };
+        match (min_step..steps.len()).find(|&i| steps[i].tokens + len <= budget) {
+            Some(i) => {
+                steps[i].chunks.push(chunk);
+                steps[i].tokens += len;
+            }
+            None => steps.push(MicroStep {
+                chunks: vec![chunk],
+                tokens: len,
+            }),
+        }
+    }
+    Ok(steps)
+}
+
+/// Target tokens of some chunks, flattened for [`super::objective`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FlatTargets {
+    pub execution: Vec<u32>,
+    pub behaviour_logprobs: Vec<f32>,
+    pub coefficients: Vec<f32>,
+    /// (row, position) of each target.
+    pub at: Vec<(u32, u32)>,
+}
+
+impl FlatTargets {
+    pub fn view(&self) -> TargetTokens<'_> {
+        TargetTokens {
+            execution: &self.execution,
+            behaviour_logprobs: &self.behaviour_logprobs,
+            coefficients: &self.coefficients,
+        }
+    }
+}
+
+/// Collects the targets inside `chunks`, in order.
+pub fn flatten_targets<'a>(
+    rows: &[TokenRow],
+    chunks: impl IntoIterator<Item = &'a RowChunk>,
+) -> FlatTargets {
+    let mut out = FlatTargets::default();
+    for ch in chunks {
+        let row = &rows[ch.row as usize];
+        for u in ch.start..ch.end {
+            let i = u as usize;
+            if row.target[i] {
+                out.execution.push(row.execution);
+                out.behaviour_logprobs.push(row.behaviour_logprobs[i]);
+                out.coefficients.push(row.coefficients[i]);
+                out.at.push((ch.row, u));
+            }
+        }
+    }
+    out
+}
+
+/// Every row whole, as chunks: the unsplit reference for comparisons.
+pub fn whole_rows(rows: &[TokenRow]) -> Vec<RowChunk> {
+    rows.iter()
+        .enumerate()
+        .map(|(r, row)| RowChunk {
+            row: r as u32,
+            start: 0,
+            end: row.len() as u32,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(len: usize) -> TokenRow {
+        TokenRow {
+            execution: 0,
+            leaf: NodeId(1),
+            input_ids: vec![1; len],
+            target: vec![true; len],
+            behaviour_logprobs: vec![-1.0; len],
+            coefficients: vec![0.5; len],
+            advantage: 1.0,
+        }
+    }
+
+    #[test]
+    fn long_rows_split_in_order_and_short_ones_fill_gaps() {
+        let rows = vec![row(25), row(3), row(7), row(10)];
+        let steps = pack(&rows, 10).unwrap();
+        assert!(steps.iter().all(|s| s.tokens <= 10));
+        let total: u32 = steps.iter().map(|s| s.tokens).sum();
+        assert_eq!(total, 45);
+        // 45 tokens fit in 5 steps of 10.
+        assert_eq!(steps.len(), 5);
+        let where_is = |r: u32, start: u32| {
+            steps
+                .iter()
+                .position(|s| s.chunks.iter().any(|c| c.row == r && c.start == start))
+                .unwrap()
+        };
+        assert!(where_is(0, 0) < where_is(0, 10));
+        assert!(where_is(0, 10) < where_is(0, 20));
+        assert_eq!(pack(&rows, 0), Err(PackingError::ZeroBudget));
+    }
+}
