@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use gyre_runtime::{ActorId, Actor, Addr, Cx, External, MILLIS, Nanos};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, External, MILLIS, Nanos};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 

@@ -7,4 +7,5 @@
 //! in the simulator.
 
 pub mod demo;
+pub mod sched;
 pub mod trajectory;

@@ -1,6 +1,22 @@
-//! gyre-simulations: workload and cost models calibrated to the published
-//! runs, simulated backends for every protocol the actors speak, the scenario
-//! files and the experiment runner behind `gyre simulate`.
+//! gyre-simulations: simulated backends for every protocol the actors
+//! speak, a cluster builder, and the invariant checker that proves the
+//! scheduling plane in the deterministic simulator.
 //!
-//! Filled in by the simulation-lab work; for now the crate only fixes its
-//! place in the dependency graph (runtime <- actors <- simulations).
+//! - [`costs`]: the simple (uncalibrated) cost and workload models;
+//! - [`backends`]: one small actor per backend protocol;
+//! - [`world`]: a whole cluster from a [`world::ClusterConfig`];
+//! - [`checker`]: SPEC 2's invariants, checked after every event, and the
+//!   end-of-run checks (liveness, exactly-once accounting);
+//! - [`run`]: runs a cluster to quiescence under the checker and reports,
+//!   staleness included;
+//! - [`random`]: small random configurations for seed sweeps.
+//!
+//! Calibrated workload and cost models, scenarios and the experiment runner
+//! come with the simulation-lab work.
+
+pub mod backends;
+pub mod checker;
+pub mod costs;
+pub mod random;
+pub mod run;
+pub mod world;

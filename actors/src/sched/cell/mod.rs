@@ -1,0 +1,304 @@
+//! A cell: one elastic unit of GPUs that serves rollout or trains.
+//!
+//! Its role is a state machine driven by messages (SPEC 2.5):
+//! rollout → draining → switching → training → returning → rollout.
+//! - draining ([`drain`]): stop admitting; once the proxy confirms the
+//!   scheduler's reroutes, pin the KV blocks of the displaced executions,
+//!   cancel unfinished calls (the proxy retries them on their new engines),
+//!   hand each pinned prefix to its destination cell, which reads it through
+//!   the transfer engine and acknowledges, and release the pins;
+//! - switching: unload the engine, release rollout memory and restore
+//!   training memory through the device-memory protocol;
+//! - training ([`train`]): join the core's batch (reading its weights),
+//!   claim micro-steps until the stream ends, one warm-up and one drain per
+//!   batch;
+//! - returning ([`ret`]): release training memory, restore rollout memory,
+//!   load the published weights and serve again.
+//!
+//! A cell in rollout is also a destination for another cell's executions
+//! ([`takeover`]). The standalone pool is a cell that never switches.
+
+mod drain;
+mod ret;
+mod takeover;
+mod train;
+
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::core::Core;
+use crate::sched::ids::{EngineIx, ExecId, MicroStepId, Step, SwitchId, Version};
+use crate::sched::proto::Port;
+use crate::sched::proto::engine::{EngineEvent, EngineReq, KvBlocks};
+use crate::sched::proto::memory::{MemoryEvent, MemoryReq};
+use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
+use crate::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
+use crate::sched::queue::{MicroQueue, MicroStep};
+use crate::sched::scheduler::Scheduler;
+
+pub use drain::Drain;
+pub use train::Train;
+
+/// An execution leaving a switching cell, and the cell that takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    pub exec: ExecId,
+    pub dest: EngineIx,
+    pub dest_cell: Addr<Cell>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum CellMsg {
+    /// From the scheduler: go to training; these executions leave.
+    Switch {
+        switch: SwitchId,
+        moves: Vec<Move>,
+    },
+    /// From the scheduler: go back to rollout serving `version`.
+    Return {
+        switch: SwitchId,
+        version: Version,
+    },
+    /// From the scheduler: a publication.
+    Weights {
+        version: Version,
+    },
+    /// From the proxy: the reroutes of `switch` are in place.
+    RoutesMoved {
+        switch: SwitchId,
+    },
+    /// From a switching cell: take over `kv` of an execution moving here.
+    TakeOver {
+        switch: SwitchId,
+        kv: KvBlocks,
+        source: Addr<Cell>,
+    },
+    /// From a destination cell: it holds the blocks now.
+    TakenOver {
+        switch: SwitchId,
+        exec: ExecId,
+    },
+    /// From the core: train `step` (reading `snapshot` first if given).
+    Batch {
+        step: Step,
+        snapshot: Option<Segment>,
+    },
+    /// From the queue.
+    Grant {
+        mstep: MicroStep,
+    },
+    StreamEnd {
+        step: Step,
+    },
+    Engine(EngineEvent),
+    Memory(MemoryEvent),
+    Trainer(TrainerEvent),
+    Transfer(TransferEvent),
+}
+
+macro_rules! from_event {
+    ($($t:ident => $v:ident),*) => {$(
+        impl From<$t> for CellMsg {
+            fn from(e: $t) -> Self {
+                CellMsg::$v(e)
+            }
+        }
+    )*};
+}
+from_event!(EngineEvent => Engine, MemoryEvent => Memory, TrainerEvent => Trainer, TransferEvent => Transfer);
+
+/// The role a cell reports, for invariants and traces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CellRole {
+    Rollout,
+    Draining,
+    Switching,
+    Training,
+    Returning,
+}
+
+/// The steps of switching and returning that wait on a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Unloading,
+    FreeingRollout,
+    RestoringTraining,
+    FreeingTraining,
+    RestoringRollout,
+    Loading,
+}
+
+#[derive(Debug)]
+pub(crate) enum Phase {
+    Rollout,
+    Draining(Drain),
+    Switching {
+        switch: SwitchId,
+        stage: Stage,
+    },
+    /// Training memory resident, between batches; `joining` holds the
+    /// switch until the cell has joined its first batch.
+    Ready {
+        joining: Option<SwitchId>,
+    },
+    /// Reading the core's weights before training `step`.
+    Syncing {
+        step: Step,
+        joining: Option<SwitchId>,
+    },
+    Training(Train),
+    Returning {
+        switch: SwitchId,
+        stage: Stage,
+    },
+}
+
+/// Where a cell sends things. A standalone pool has no trainer or memory.
+#[derive(Debug, Clone, Copy)]
+pub struct CellLinks {
+    pub sched: Addr<Scheduler>,
+    pub core: Addr<Core>,
+    pub queue: Addr<MicroQueue>,
+    pub engine: Port<EngineReq>,
+    pub trainer: Option<Port<TrainerReq>>,
+    pub memory: Option<Port<MemoryReq>>,
+    pub transfer: Port<TransferReq>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CellStats {
+    pub to_training: u64,
+    pub to_rollout: u64,
+    /// Batches this cell computed at least one micro-step of.
+    pub batches: u64,
+    pub warmups: u64,
+    pub drains: u64,
+    pub micro_steps: u64,
+    /// KV prefixes handed to destinations / taken over from sources.
+    pub kv_handed: u64,
+    pub kv_taken: u64,
+    /// A snapshot read that was not the version of the step it trains.
+    pub stale_snapshots: u64,
+    /// Messages that made no sense in the current phase.
+    pub unexpected: u64,
+    /// Backend refusals (device memory full): the switch is stuck.
+    pub faults: u64,
+}
+
+#[derive(Debug)]
+pub struct Cell {
+    /// `None` for the standalone pool.
+    index: Option<u32>,
+    links: CellLinks,
+    kv_bytes_per_token: u64,
+    phase: Phase,
+    version: Version,
+    /// A return that arrived mid-batch, applied once the batch is done.
+    pending_return: Option<(SwitchId, Version)>,
+    stats: CellStats,
+}
+
+impl Cell {
+    /// Elastic cell `index` (0 is the core), starting in rollout.
+    pub fn new(index: u32, links: CellLinks, kv_bytes_per_token: u64) -> Self {
+        Self::build(Some(index), links, kv_bytes_per_token)
+    }
+
+    /// The standalone pool's cell: serves rollout for its whole life.
+    pub fn standalone(links: CellLinks, kv_bytes_per_token: u64) -> Self {
+        Self::build(None, links, kv_bytes_per_token)
+    }
+
+    fn build(index: Option<u32>, links: CellLinks, kv_bytes_per_token: u64) -> Self {
+        Self {
+            index,
+            links,
+            kv_bytes_per_token,
+            phase: Phase::Rollout,
+            version: 0,
+            pending_return: None,
+            stats: CellStats::default(),
+        }
+    }
+
+    pub fn index(&self) -> Option<u32> {
+        self.index
+    }
+
+    pub fn engine(&self) -> EngineIx {
+        self.index.map_or(EngineIx::Pool, EngineIx::Cell)
+    }
+
+    pub fn stats(&self) -> CellStats {
+        self.stats
+    }
+
+    /// The version its engine serves (or will serve when it returns).
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    pub fn role(&self) -> CellRole {
+        match self.phase {
+            Phase::Rollout => CellRole::Rollout,
+            Phase::Draining(_) => CellRole::Draining,
+            Phase::Switching { .. } => CellRole::Switching,
+            Phase::Ready { .. } | Phase::Syncing { .. } | Phase::Training(_) => CellRole::Training,
+            Phase::Returning { .. } => CellRole::Returning,
+        }
+    }
+
+    /// The step being trained, if any.
+    pub fn training_step(&self) -> Option<Step> {
+        match &self.phase {
+            Phase::Training(t) => Some(t.step),
+            Phase::Syncing { step, .. } => Some(*step),
+            _ => None,
+        }
+    }
+
+    fn unexpected(&mut self, what: &str) {
+        self.stats.unexpected += 1;
+        tracing::warn!(cell = ?self.index, phase = ?self.role(), what, "unexpected message");
+    }
+
+    fn cell_no(&self) -> u32 {
+        self.index.unwrap_or(u32::MAX)
+    }
+
+    fn consumed(&self) -> Vec<MicroStepId> {
+        match &self.phase {
+            Phase::Training(t) => t.consumed.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Actor for Cell {
+    type Msg = CellMsg;
+    type Timer = ();
+
+    fn on_msg(&mut self, _from: ActorId, msg: CellMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            CellMsg::Switch { switch, moves } => self.on_switch(switch, moves, cx),
+            CellMsg::RoutesMoved { switch } => self.on_routes_moved(switch, cx),
+            CellMsg::TakeOver { switch, kv, source } => self.on_take_over(switch, kv, source, cx),
+            CellMsg::TakenOver { switch, exec } => self.on_taken_over(switch, exec, cx),
+            CellMsg::Return { switch, version } => self.on_return(switch, version, cx),
+            CellMsg::Weights { version } => {
+                self.version = self.version.max(version);
+                if matches!(self.phase, Phase::Rollout) {
+                    cx.send(self.links.engine, EngineReq::SetWeights { version });
+                }
+            }
+            CellMsg::Batch { step, snapshot } => self.on_batch(step, snapshot, cx),
+            CellMsg::Grant { mstep } => self.on_grant(mstep, cx),
+            CellMsg::StreamEnd { step } => self.on_stream_end(step, cx),
+            CellMsg::Engine(e) => self.on_engine(e, cx),
+            CellMsg::Memory(e) => self.on_memory(e, cx),
+            CellMsg::Trainer(e) => self.on_trainer(e, cx),
+            CellMsg::Transfer(TransferEvent::ReadDone { tag }) => self.on_read_done(tag, cx),
+            CellMsg::Transfer(_) => self.unexpected("transfer event"),
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! What a scheduling plane is configured with, and the checks that reject a
+//! configuration before any actor starts.
+//!
+//! The three baseline policies of the reference comparison are not separate
+//! code paths: Colocate, Async and the elastic policy are values of
+//! [`Policy`] given to the same actors, each with streaming training on or
+//! off and either dispatch mode.
+
+use gyre_runtime::{MILLIS, Nanos, SECS};
+use serde::{Deserialize, Serialize};
+
+/// Who trains when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Policy {
+    /// Cells switch one at a time under the watermark rule (SPEC 2.3) and
+    /// return at each burst end under rule (3) (SPEC 2.4).
+    Elastic,
+    /// All cells switch together once the unfinished work fits the
+    /// standalone pool, and all return at each burst end.
+    Colocate,
+    /// A fixed partition: cells `0..train_cells` train for the whole run,
+    /// the rest (and the standalone pool) roll out. Requires μ = 1.
+    Async { train_cells: u32 },
+}
+
+/// When new executions are accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DispatchMode {
+    /// (φ+μ)·N·B at start, μ·N·B after each publication (SPEC 2.2).
+    Boundary,
+    /// Dispatch slots are refilled as soon as a training step frees them
+    /// (N·B after every step) instead of at publications.
+    Continuous,
+}
+
+/// The scheduling plane's parameters (symbols of SPEC 2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SchedConfig {
+    /// K: elastic cells; cell 0 is the core.
+    pub cells: u32,
+    /// C_e: concurrent executions one cell's inference engine serves.
+    pub cell_capacity: u32,
+    /// C_s: capacity of the standalone pool (0: no pool).
+    pub pool_capacity: u32,
+    /// N: executions per group.
+    pub group_size: u32,
+    /// B: groups per batch.
+    pub batch_groups: u32,
+    /// φ: over-dispatch, in units of B groups; φ·B must be whole.
+    pub phi: f64,
+    /// μ: steps per burst.
+    pub mu: u32,
+    pub policy: Policy,
+    /// Streaming training: micro-steps flow as groups become ready and
+    /// satellites join mid-batch; off, a batch starts once all B groups are
+    /// ready and membership changes only between batches.
+    pub streaming: bool,
+    pub dispatch: DispatchMode,
+    /// ρ_min: the supply check wants ⌈ρ_min·B⌉ ready groups.
+    pub rho_min: f64,
+    /// τ: how long the supply must have held.
+    pub tau: Nanos,
+    /// Training steps to run.
+    pub target_steps: u64,
+    /// Token capacity of one micro-step.
+    pub micro_tokens: u64,
+    /// The packer takes another group when fewer micro-steps than this are
+    /// waiting unclaimed in the queue.
+    pub short_micro_steps: u32,
+    /// An execution's total time budget (overall timeout), from its start.
+    pub overall_timeout: Nanos,
+    /// Delay before a failed evaluation is retried on the same state.
+    pub eval_retry: Nanos,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        Self {
+            cells: 4,
+            cell_capacity: 4,
+            pool_capacity: 0,
+            group_size: 4,
+            batch_groups: 2,
+            phi: 0.5,
+            mu: 2,
+            policy: Policy::Elastic,
+            streaming: true,
+            dispatch: DispatchMode::Boundary,
+            rho_min: 0.5,
+            tau: 100 * MILLIS,
+            target_steps: 4,
+            micro_tokens: 4_096,
+            short_micro_steps: 2,
+            overall_timeout: 3_600 * SECS,
+            eval_retry: SECS,
+        }
+    }
+}
+
+/// Why a configuration cannot run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{what} must be at least 1 (got 0)")]
+    Zero { what: &'static str },
+    #[error("φ = {phi} must be finite and ≥ 0, and φ·B = {phi}·{b} whole groups")]
+    Phi { phi: f64, b: u32 },
+    #[error("ρ_min = {0} must lie in [0, 1]")]
+    RhoMin(f64),
+    #[error("Colocate cannot over-dispatch without a standalone pool: set φ = 0 or C_s > 0")]
+    ColocatePhi,
+    #[error("Async needs μ = 1 (got {0})")]
+    AsyncMu(u32),
+    #[error("{what}: expected {expected} backend ports, got {got}")]
+    Ports {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    #[error(
+        "Async trains on 1..=K cells and must leave rollout capacity: train_cells = {train}, K = {k}, C_s = {pool}"
+    )]
+    AsyncSplit { train: u32, k: u32, pool: u32 },
+}
+
+/// Values derived once from a valid configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Derived {
+    /// φ·B: over-dispatched groups.
+    pub over_groups: u64,
+    /// ⌈ρ_min·B⌉: the supply check's threshold, in groups.
+    pub supply_threshold: u32,
+}
+
+impl SchedConfig {
+    /// Checks every rule a run depends on; the actors assume a valid config.
+    pub fn validate(&self) -> Result<Derived, ConfigError> {
+        for (what, v) in [
+            ("K (cells)", self.cells),
+            ("C_e (cell capacity)", self.cell_capacity),
+            ("N (group size)", self.group_size),
+            ("B (batch groups)", self.batch_groups),
+            ("μ (steps per burst)", self.mu),
+            (
+                "micro-step token capacity",
+                u32::from(self.micro_tokens > 0),
+            ),
+            ("target steps", u32::from(self.target_steps > 0)),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero { what });
+            }
+        }
+        let b = self.batch_groups;
+        let over = self.phi * f64::from(b);
+        if !self.phi.is_finite() || self.phi < 0.0 || (over - over.round()).abs() > 1e-9 {
+            return Err(ConfigError::Phi { phi: self.phi, b });
+        }
+        if !(0.0..=1.0).contains(&self.rho_min) {
+            return Err(ConfigError::RhoMin(self.rho_min));
+        }
+        match self.policy {
+            Policy::Colocate if self.phi > 0.0 && self.pool_capacity == 0 => {
+                return Err(ConfigError::ColocatePhi);
+            }
+            Policy::Async { train_cells } => {
+                if self.mu != 1 {
+                    return Err(ConfigError::AsyncMu(self.mu));
+                }
+                let leaves_rollout = train_cells < self.cells || self.pool_capacity > 0;
+                if train_cells == 0 || train_cells > self.cells || !leaves_rollout {
+                    return Err(ConfigError::AsyncSplit {
+                        train: train_cells,
+                        k: self.cells,
+                        pool: self.pool_capacity,
+                    });
+                }
+            }
+            _ => {}
+        }
+        Ok(Derived {
+            over_groups: over.round() as u64,
+            supply_threshold: (self.rho_min * f64::from(b) - 1e-9).ceil().max(0.0) as u32,
+        })
+    }
+
+    /// Executions per group times groups: N·B.
+    pub fn batch_executions(&self) -> u64 {
+        u64::from(self.group_size) * u64::from(self.batch_groups)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_derives_whole_groups() {
+        let d = SchedConfig::default().validate().unwrap();
+        assert_eq!(d.over_groups, 1); // φ = 0.5, B = 2
+        assert_eq!(d.supply_threshold, 1); // ⌈0.5·2⌉
+    }
+
+    #[test]
+    fn fractional_over_dispatch_is_rejected() {
+        let cfg = SchedConfig {
+            phi: 0.5,
+            batch_groups: 3,
+            ..SchedConfig::default()
+        };
+        assert!(matches!(cfg.validate(), Err(ConfigError::Phi { .. })));
+        let cfg = SchedConfig {
+            phi: f64::NAN,
+            ..SchedConfig::default()
+        };
+        assert!(matches!(cfg.validate(), Err(ConfigError::Phi { .. })));
+    }
+
+    #[test]
+    fn zero_sizes_are_rejected() {
+        let cfg = SchedConfig {
+            cells: 0,
+            ..SchedConfig::default()
+        };
+        assert!(matches!(cfg.validate(), Err(ConfigError::Zero { .. })));
+        let cfg = SchedConfig {
+            target_steps: 0,
+            ..SchedConfig::default()
+        };
+        assert!(matches!(cfg.validate(), Err(ConfigError::Zero { .. })));
+    }
+
+    #[test]
+    fn supply_threshold_rounds_up_and_allows_zero() {
+        let t = |rho, b| {
+            SchedConfig {
+                rho_min: rho,
+                batch_groups: b,
+                phi: 0.0,
+                ..SchedConfig::default()
+            }
+            .validate()
+            .unwrap()
+            .supply_threshold
+        };
+        assert_eq!(t(0.0, 4), 0);
+        assert_eq!(t(0.3, 4), 2);
+        assert_eq!(t(0.25, 4), 1);
+        assert_eq!(t(1.0, 3), 3);
+        let bad = SchedConfig {
+            rho_min: 1.5,
+            ..SchedConfig::default()
+        };
+        assert_eq!(bad.validate(), Err(ConfigError::RhoMin(1.5)));
+    }
+
+    #[test]
+    fn colocate_over_dispatch_needs_a_pool() {
+        let mut cfg = SchedConfig {
+            policy: Policy::Colocate,
+            phi: 0.5,
+            ..SchedConfig::default()
+        };
+        assert_eq!(cfg.validate(), Err(ConfigError::ColocatePhi));
+        cfg.pool_capacity = 2;
+        assert!(cfg.validate().is_ok());
+        cfg.pool_capacity = 0;
+        cfg.phi = 0.0;
+        assert!(cfg.validate().is_ok());
+    }
+
+    #[test]
+    fn async_needs_mu_one_and_a_rollout_side() {
+        let mut cfg = SchedConfig {
+            policy: Policy::Async { train_cells: 2 },
+            mu: 2,
+            ..SchedConfig::default()
+        };
+        assert_eq!(cfg.validate(), Err(ConfigError::AsyncMu(2)));
+        cfg.mu = 1;
+        assert!(cfg.validate().is_ok());
+        cfg.policy = Policy::Async { train_cells: 4 };
+        assert!(matches!(
+            cfg.validate(),
+            Err(ConfigError::AsyncSplit { .. })
+        ));
+        cfg.pool_capacity = 3;
+        assert!(cfg.validate().is_ok());
+        cfg.policy = Policy::Async { train_cells: 0 };
+        assert!(matches!(
+            cfg.validate(),
+            Err(ConfigError::AsyncSplit { .. })
+        ));
+    }
+}

@@ -1,0 +1,539 @@
+//! The core optimizer owner: runs each training step over the current prefix.
+//!
+//! Per step (SPEC 2.6): expose the authoritative weights through the
+//! transfer engine; admit joining satellites in index order while the join
+//! window is open (mid-batch with streaming, at the batch start without);
+//! wait until the stream is sealed and every member has drained its share of
+//! the micro-steps; close the join window; reduce the gradients over the
+//! prefix's communication group (one of K − 1 built up front), clip, and
+//! make exactly one optimizer update. After a non-final step of the burst it
+//! broadcasts the new parameters to the satellites and starts the next step;
+//! after the last one it publishes to the rollout engines and waits for the
+//! scheduler's burst-end decision (stay, or leave and return to rollout).
+//!
+//! It also keeps the record the invariants and the staleness report read:
+//! one entry per update, with the groups it trained and their versions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::cell::{Cell, CellMsg};
+use crate::sched::ids::{GroupId, MicroStepId, Step, Version};
+use crate::sched::maths::prefix::comm_group_for;
+use crate::sched::packer::{Packer, PackerMsg};
+use crate::sched::proto::Port;
+use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
+use crate::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
+use crate::sched::scheduler::{SchedMsg, Scheduler};
+
+/// One group as a training step consumed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainedGroup {
+    pub group: GroupId,
+    /// v_d: the published version when the group was dispatched.
+    pub v_d: Version,
+    pub tokens: u64,
+    pub micro_steps: u32,
+}
+
+/// What one optimizer update consumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub step: Step,
+    /// Size of the training prefix that reduced gradients.
+    pub members: u32,
+    pub groups: Vec<TrainedGroup>,
+    pub micro_steps: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum CoreMsg {
+    /// From the scheduler: cell 0 entered training; train `step` with
+    /// `members` (cell 0 first; the others join once they hold the weights).
+    Activate {
+        step: Step,
+        burst: u64,
+        members: Vec<(u32, Addr<Cell>)>,
+    },
+    /// From the scheduler: a satellite switched and wants to join.
+    Join {
+        cell: u32,
+        addr: Addr<Cell>,
+        burst: u64,
+    },
+    /// From the scheduler, after a publication: stay and train `burst`.
+    Continue {
+        burst: u64,
+    },
+    /// From the scheduler: the core returns to rollout.
+    Leave,
+    /// From the packer: the batch's groups and micro-steps, all enqueued.
+    BatchSealed {
+        step: Step,
+        groups: Vec<TrainedGroup>,
+        micro_steps: Vec<MicroStepId>,
+        packer: Addr<Packer>,
+    },
+    /// From a member: its share of the batch is computed and drained.
+    BatchDone {
+        step: Step,
+        cell: u32,
+        consumed: Vec<MicroStepId>,
+    },
+    Trainer(TrainerEvent),
+    Transfer(TransferEvent),
+}
+
+impl From<TrainerEvent> for CoreMsg {
+    fn from(e: TrainerEvent) -> Self {
+        CoreMsg::Trainer(e)
+    }
+}
+
+impl From<TransferEvent> for CoreMsg {
+    fn from(e: TransferEvent) -> Self {
+        CoreMsg::Transfer(e)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoreConfig {
+    pub cells: u32,
+    pub mu: u32,
+    pub target_steps: u64,
+    pub streaming: bool,
+    /// Satellites stay across publications (Async's fixed partition).
+    pub keep_satellites: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct CoreLinks {
+    pub sched: Addr<Scheduler>,
+    pub trainer: Port<TrainerReq>,
+    pub transfer: Port<TransferReq>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorePhase {
+    Idle,
+    Collecting,
+    Reducing,
+    Updating,
+    Broadcasting,
+    Publishing,
+    /// Published; waiting for the scheduler's burst-end decision.
+    AwaitDecision,
+}
+
+#[derive(Debug, Clone)]
+struct Sealed {
+    groups: Vec<TrainedGroup>,
+    micro_steps: Vec<MicroStepId>,
+}
+
+/// What the core did, for invariants and reports.
+#[derive(Debug, Clone, Default)]
+pub struct CoreLog {
+    /// The step of each optimizer update, in order.
+    pub updates: Vec<Step>,
+    pub records: Vec<StepRecord>,
+    /// Every group trained so far.
+    pub trained: BTreeSet<GroupId>,
+    /// Protocol breaches seen (must stay empty).
+    pub violations: Vec<String>,
+    /// Joins refused because the burst had closed.
+    pub late_joins: u64,
+    /// Membership of every batch, which must be a prefix.
+    pub memberships: Vec<Vec<u32>>,
+}
+
+#[derive(Debug)]
+pub struct Core {
+    cfg: CoreConfig,
+    links: CoreLinks,
+    groups_built: bool,
+    phase: CorePhase,
+    step: Step,
+    version: Version,
+    burst: u64,
+    /// The final step of the burst is past its update: no more joins.
+    burst_closed: bool,
+    members: Vec<(u32, Addr<Cell>)>,
+    pending: BTreeMap<u32, Addr<Cell>>,
+    exposed: Option<Segment>,
+    window_open: bool,
+    sealed: BTreeMap<Step, Sealed>,
+    done: BTreeMap<u32, Vec<MicroStepId>>,
+    packer: Option<Addr<Packer>>,
+    log: CoreLog,
+}
+
+impl Core {
+    pub fn new(cfg: CoreConfig, links: CoreLinks) -> Self {
+        Self {
+            cfg,
+            links,
+            groups_built: false,
+            phase: CorePhase::Idle,
+            step: 0,
+            version: 0,
+            burst: 0,
+            burst_closed: false,
+            members: Vec::new(),
+            pending: BTreeMap::new(),
+            exposed: None,
+            window_open: false,
+            sealed: BTreeMap::new(),
+            done: BTreeMap::new(),
+            packer: None,
+            log: CoreLog::default(),
+        }
+    }
+
+    pub fn phase(&self) -> CorePhase {
+        self.phase
+    }
+
+    pub fn log(&self) -> &CoreLog {
+        &self.log
+    }
+
+    /// Updates made so far: the policy version.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Cells of the current batch, in join order (a prefix).
+    pub fn members(&self) -> Vec<u32> {
+        self.members.iter().map(|(c, _)| *c).collect()
+    }
+
+    fn violation(&mut self, text: String) {
+        tracing::error!(%text, "core protocol violation");
+        self.log.violations.push(text);
+    }
+
+    /// Starts `self.step`: expose weights, restart the current members.
+    fn begin(&mut self, cx: &mut Cx<'_, Self>) {
+        self.phase = CorePhase::Collecting;
+        self.done.clear();
+        self.exposed = None;
+        self.window_open = false;
+        let step = self.step;
+        for (_, addr) in &self.members {
+            cx.send(
+                *addr,
+                CellMsg::Batch {
+                    step,
+                    snapshot: None,
+                },
+            );
+        }
+        let reply_to = cx.me();
+        cx.send(
+            self.links.transfer,
+            TransferReq::Expose {
+                version: self.version,
+                reply_to,
+            },
+        );
+    }
+
+    /// Admits pending joiners that extend the prefix, in index order.
+    fn admit(&mut self, cx: &mut Cx<'_, Self>) {
+        let Some(segment) = self.exposed else {
+            return;
+        };
+        if !self.window_open {
+            return;
+        }
+        while let Some(addr) = self.pending.remove(&(self.members.len() as u32)) {
+            let cell = self.members.len() as u32;
+            self.members.push((cell, addr));
+            cx.send(
+                addr,
+                CellMsg::Batch {
+                    step: self.step,
+                    snapshot: Some(segment),
+                },
+            );
+        }
+    }
+
+    fn try_complete(&mut self, cx: &mut Cx<'_, Self>) {
+        if self.phase != CorePhase::Collecting || !self.groups_built {
+            return;
+        }
+        let Some(sealed) = self.sealed.get(&self.step) else {
+            return;
+        };
+        if self.members.iter().any(|(c, _)| !self.done.contains_key(c)) {
+            return;
+        }
+        // Close the join window before the update.
+        self.window_open = false;
+        let mut consumed: Vec<MicroStepId> = self.done.values().flatten().copied().collect();
+        consumed.sort();
+        let unique = consumed.windows(2).all(|w| w[0] != w[1]);
+        let mut expected = sealed.micro_steps.clone();
+        expected.sort();
+        if !unique || consumed != expected {
+            let text = format!(
+                "step {}: consumed {:?} but sealed {:?}",
+                self.step, consumed, expected
+            );
+            self.violation(text);
+        }
+        let members = self.members.len() as u32;
+        self.log.memberships.push(self.members());
+        self.phase = CorePhase::Reducing;
+        let reply_to = cx.me();
+        cx.send(
+            self.links.trainer,
+            TrainerReq::Reduce {
+                step: self.step,
+                members,
+                group: comm_group_for(members),
+                reply_to,
+            },
+        );
+    }
+
+    fn updated(&mut self, cx: &mut Cx<'_, Self>) {
+        let step = self.step;
+        self.version += 1;
+        self.log.updates.push(step);
+        if let Some(p) = self.packer {
+            cx.send(p, PackerMsg::Trained { step });
+        }
+        let sealed = self.sealed.remove(&step);
+        let (groups, micro_steps) = sealed
+            .map(|s| (s.groups, s.micro_steps.len() as u32))
+            .unwrap_or_default();
+        for g in &groups {
+            if !self.log.trained.insert(g.group) {
+                let text = format!("group {:?} trained twice (step {step})", g.group);
+                self.violation(text);
+            }
+        }
+        self.log.records.push(StepRecord {
+            step,
+            members: self.members.len() as u32,
+            groups,
+            micro_steps,
+        });
+        let last = step + 1 >= self.cfg.target_steps;
+        let final_of_burst = (step + 1) % u64::from(self.cfg.mu) == 0 || last;
+        if final_of_burst {
+            self.burst_closed = true;
+            self.pending.clear();
+        }
+        let broadcast =
+            self.members.len() > 1 && (!final_of_burst || (self.cfg.keep_satellites && !last));
+        if broadcast {
+            self.phase = CorePhase::Broadcasting;
+            let members = self.members.len() as u32;
+            let reply_to = cx.me();
+            cx.send(
+                self.links.trainer,
+                TrainerReq::Broadcast {
+                    step,
+                    members,
+                    group: comm_group_for(members),
+                    reply_to,
+                },
+            );
+        } else {
+            self.after_update(cx);
+        }
+    }
+
+    fn after_update(&mut self, cx: &mut Cx<'_, Self>) {
+        let step = self.step;
+        if self.burst_closed {
+            self.phase = CorePhase::Publishing;
+            let reply_to = cx.me();
+            cx.send(
+                self.links.transfer,
+                TransferReq::Publish {
+                    version: self.version,
+                    engines: self.cfg.cells,
+                    reply_to,
+                },
+            );
+        } else {
+            cx.send(self.links.sched, SchedMsg::StepDone { step });
+            self.step += 1;
+            self.begin(cx);
+        }
+    }
+}
+
+impl Actor for Core {
+    type Msg = CoreMsg;
+    type Timer = ();
+
+    fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
+        // The K − 1 prefix groups {0..1}, …, {0..K−1}, built once.
+        let prefixes: Vec<u32> = (2..=self.cfg.cells).collect();
+        let reply_to = cx.me();
+        cx.send(
+            self.links.trainer,
+            TrainerReq::BuildGroups { prefixes, reply_to },
+        );
+    }
+
+    fn on_msg(&mut self, _from: ActorId, msg: CoreMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            CoreMsg::Activate {
+                step,
+                burst,
+                members,
+            } => {
+                if self.phase != CorePhase::Idle {
+                    self.violation(format!("activate while {:?}", self.phase));
+                    return;
+                }
+                if step != self.version {
+                    self.violation(format!("activate at step {step}, version {}", self.version));
+                }
+                self.step = self.version;
+                self.burst = burst;
+                self.burst_closed = false;
+                self.members.clear();
+                self.pending.clear();
+                for (cell, addr) in members {
+                    if cell == 0 {
+                        self.members.push((0, addr));
+                    } else {
+                        self.pending.insert(cell, addr);
+                    }
+                }
+                if self.members.is_empty() {
+                    self.violation("activate without cell 0".to_owned());
+                    return;
+                }
+                self.begin(cx);
+            }
+            CoreMsg::Join { cell, addr, burst } => {
+                let open = matches!(
+                    self.phase,
+                    CorePhase::Collecting
+                        | CorePhase::Reducing
+                        | CorePhase::Updating
+                        | CorePhase::Broadcasting
+                );
+                if burst != self.burst || self.burst_closed || !open {
+                    self.log.late_joins += 1;
+                    return;
+                }
+                self.pending.insert(cell, addr);
+                if self.cfg.streaming {
+                    self.admit(cx);
+                }
+            }
+            CoreMsg::Continue { burst } => {
+                if self.phase != CorePhase::AwaitDecision {
+                    self.violation(format!("continue while {:?}", self.phase));
+                    return;
+                }
+                self.burst = burst;
+                self.burst_closed = false;
+                self.step = self.version;
+                if !self.cfg.keep_satellites {
+                    self.members.truncate(1);
+                }
+                self.begin(cx);
+            }
+            CoreMsg::Leave => {
+                self.phase = CorePhase::Idle;
+                self.members.clear();
+                self.pending.clear();
+                self.burst_closed = false;
+                self.step = self.version;
+            }
+            CoreMsg::BatchSealed {
+                step,
+                groups,
+                micro_steps,
+                packer,
+            } => {
+                self.packer = Some(packer);
+                if step < self.version || self.sealed.contains_key(&step) {
+                    self.violation(format!("batch {step} sealed twice or late"));
+                    return;
+                }
+                self.sealed.insert(
+                    step,
+                    Sealed {
+                        groups,
+                        micro_steps,
+                    },
+                );
+                self.try_complete(cx);
+            }
+            CoreMsg::BatchDone {
+                step,
+                cell,
+                consumed,
+            } => {
+                let member = self.members.iter().any(|(c, _)| *c == cell);
+                if step != self.step || self.phase != CorePhase::Collecting || !member {
+                    self.violation(format!(
+                        "batch-done from cell {cell} for step {step} while at {} {:?}",
+                        self.step, self.phase
+                    ));
+                    return;
+                }
+                if self.done.insert(cell, consumed).is_some() {
+                    self.violation(format!("cell {cell} finished step {step} twice"));
+                }
+                self.try_complete(cx);
+            }
+            CoreMsg::Trainer(TrainerEvent::GroupsBuilt { .. }) => {
+                self.groups_built = true;
+                self.try_complete(cx);
+            }
+            CoreMsg::Trainer(TrainerEvent::Reduced { step, .. }) => {
+                if self.phase == CorePhase::Reducing && step == self.step {
+                    self.phase = CorePhase::Updating;
+                    let reply_to = cx.me();
+                    cx.send(self.links.trainer, TrainerReq::Update { step, reply_to });
+                }
+            }
+            CoreMsg::Trainer(TrainerEvent::Updated { step }) => {
+                if self.phase == CorePhase::Updating && step == self.step {
+                    self.updated(cx);
+                }
+            }
+            CoreMsg::Trainer(TrainerEvent::Broadcasted { step }) => {
+                if self.phase == CorePhase::Broadcasting && step == self.step {
+                    self.after_update(cx);
+                }
+            }
+            CoreMsg::Trainer(_) => {}
+            CoreMsg::Transfer(TransferEvent::Exposed { segment }) => {
+                if self.phase == CorePhase::Collecting && segment.version == self.version {
+                    self.exposed = Some(segment);
+                    self.window_open = true;
+                    self.admit(cx);
+                }
+            }
+            CoreMsg::Transfer(TransferEvent::Published { version }) => {
+                if self.phase == CorePhase::Publishing && version == self.version {
+                    self.phase = CorePhase::AwaitDecision;
+                    cx.send(
+                        self.links.sched,
+                        SchedMsg::Published {
+                            step: self.step,
+                            version,
+                        },
+                    );
+                }
+            }
+            CoreMsg::Transfer(TransferEvent::ReadDone { .. }) => {}
+        }
+    }
+}

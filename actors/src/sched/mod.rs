@@ -1,0 +1,29 @@
+//! The scheduling plane of SPEC 2 as message protocols.
+//!
+//! Role transitions, proxy rerouting and micro-step claiming are written
+//! once, against the runtime's actor contract, so the same code runs in the
+//! deterministic simulator and the live host. The pieces:
+//! - [`maths`]: the decision rules as pure functions (ledger (1), counters,
+//!   dispatch, watermark (2), supply check, burst end (3), prefix, staleness).
+//! - [`proto`]: every backend an actor talks to (inference engine, trainer,
+//!   device memory, transfer engine, harness, evaluator) as its own small
+//!   protocol; simulated and live implementations answer the same messages.
+//! - the actors: [`scheduler`], [`cell`], [`proxy`], [`execution`],
+//!   [`evaluator`], [`buffer`], [`packer`], [`queue`] and [`core`].
+
+pub mod buffer;
+pub mod cell;
+pub mod config;
+pub mod core;
+pub mod evaluator;
+pub mod execution;
+pub mod ids;
+pub mod maths;
+pub mod packer;
+pub mod proto;
+pub mod proxy;
+pub mod queue;
+pub mod scheduler;
+
+pub use config::{ConfigError, DispatchMode, Policy, SchedConfig};
+pub use ids::{CallId, EngineIx, ExecId, GroupId, MicroStepId, Step, SwitchId, Version};

@@ -1,0 +1,285 @@
+//! The stream packer: from ready groups to micro-steps, one batch at a time.
+//!
+//! When the queue runs short it takes one ready group from the trajectory
+//! buffer, oldest policy version first, materialises its trainable rows,
+//! reorders and packs them into micro-steps and enqueues them. It selects
+//! the batch's B groups incrementally and closes the stream only after all
+//! their micro-steps are enqueued (SPEC 2.6). Without streaming it waits
+//! until B groups are ready and enqueues the whole batch at once.
+//!
+//! It fills at most one batch beyond the one in training, so groups are not
+//! locked into far-future batches while cells could still join; and it is
+//! where the scheduler's supply check reads from: the ready, unclaimed
+//! groups (ready in the buffer, or taken and not yet claimed by training),
+//! capped at what the batch in training still needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::buffer::{Buffer, BufferMsg, Sample};
+use crate::sched::core::{Core, CoreMsg, TrainedGroup};
+use crate::sched::ids::{GroupId, MicroStepId, Step, Version};
+use crate::sched::maths::packing::pack;
+use crate::sched::maths::supply::supply;
+use crate::sched::queue::{MicroQueue, MicroStep, QueueMsg};
+use crate::sched::scheduler::{SchedMsg, Scheduler};
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PackerMsg {
+    /// From the buffer: a group became ready.
+    Ready { group: GroupId, v_d: Version },
+    /// From the buffer: the group asked for.
+    Taken {
+        group: GroupId,
+        v_d: Version,
+        samples: Vec<Sample>,
+    },
+    /// From the buffer: the group asked for could not be handed over.
+    NotReady { group: GroupId },
+    /// From the queue: a training cell claimed this micro-step.
+    Claimed { id: MicroStepId, group: GroupId },
+    /// From the core: the update of `step` is done.
+    Trained { step: Step },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackerConfig {
+    pub batch_groups: u32,
+    pub micro_tokens: u64,
+    pub short_micro_steps: u32,
+    pub streaming: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PackerLinks {
+    pub buffer: Addr<Buffer>,
+    pub queue: Addr<MicroQueue>,
+    pub core: Addr<Core>,
+    pub sched: Addr<Scheduler>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Taken {
+    step: Step,
+    micro_steps: u32,
+    unclaimed: u32,
+}
+
+impl Taken {
+    /// Training has claimed all of it. A group without trainable rows is
+    /// only consumed by its step's update, so it never counts as claimed.
+    fn claimed(&self) -> bool {
+        self.micro_steps > 0 && self.unclaimed == 0
+    }
+}
+
+#[derive(Debug)]
+pub struct Packer {
+    cfg: PackerConfig,
+    links: PackerLinks,
+    /// Ready groups not yet taken, oldest dispatch version first.
+    ready: BTreeSet<(Version, GroupId)>,
+    /// The batch being filled.
+    step: Step,
+    /// Steps the core has completed: batch `trained` is the one in training.
+    trained: Step,
+    selected: Vec<TrainedGroup>,
+    taking: Option<GroupId>,
+    /// Taken groups of batches not yet trained.
+    taken: BTreeMap<GroupId, Taken>,
+    msteps: Vec<MicroStepId>,
+    last_supply: Option<u64>,
+}
+
+impl Packer {
+    pub fn new(cfg: PackerConfig, links: PackerLinks) -> Self {
+        Self {
+            cfg,
+            links,
+            ready: BTreeSet::new(),
+            step: 0,
+            trained: 0,
+            selected: Vec::new(),
+            taking: None,
+            taken: BTreeMap::new(),
+            msteps: Vec::new(),
+            last_supply: None,
+        }
+    }
+
+    /// The batch being filled.
+    pub fn step(&self) -> Step {
+        self.step
+    }
+
+    /// Micro-steps enqueued and not yet claimed, over every batch.
+    fn queue_unclaimed(&self) -> u64 {
+        self.taken.values().map(|t| u64::from(t.unclaimed)).sum()
+    }
+
+    /// Ready, unclaimed groups (ready in the buffer, or taken and not yet
+    /// claimed by training) capped at what the batch in training still
+    /// needs (B minus its groups already claimed).
+    pub fn supply(&self) -> u64 {
+        let b = u64::from(self.cfg.batch_groups);
+        let unclaimed = self.taken.values().filter(|t| !t.claimed()).count() as u64;
+        let ready_unclaimed =
+            self.ready.len() as u64 + u64::from(self.taking.is_some()) + unclaimed;
+        let claimed_now = self
+            .taken
+            .values()
+            .filter(|t| t.step == self.trained && t.claimed())
+            .count() as u64;
+        supply(ready_unclaimed, b.saturating_sub(claimed_now))
+    }
+
+    fn report(&mut self, cx: &mut Cx<'_, Self>) {
+        let value = self.supply();
+        if self.last_supply != Some(value) {
+            self.last_supply = Some(value);
+            cx.send(
+                self.links.sched,
+                SchedMsg::Supply {
+                    step: self.trained,
+                    value,
+                },
+            );
+        }
+    }
+
+    /// Takes the oldest ready group when the stream runs short, filling at
+    /// most one batch beyond the one in training.
+    fn maybe_take(&mut self, cx: &mut Cx<'_, Self>) {
+        if self.taking.is_some() || self.step > self.trained + 1 {
+            return;
+        }
+        let remaining = u64::from(self.cfg.batch_groups).saturating_sub(self.selected.len() as u64);
+        if remaining == 0 {
+            return;
+        }
+        let go = if self.cfg.streaming {
+            self.queue_unclaimed() < u64::from(self.cfg.short_micro_steps)
+        } else {
+            self.ready.len() as u64 >= remaining
+        };
+        if !go {
+            return;
+        }
+        if let Some((_, group)) = self.ready.pop_first() {
+            self.taking = Some(group);
+            let reply_to = cx.me();
+            cx.send(self.links.buffer, BufferMsg::Take { group, reply_to });
+        }
+    }
+
+    fn take_in(&mut self, group: GroupId, v_d: Version, samples: &[Sample], cx: &mut Cx<'_, Self>) {
+        let rows: Vec<u64> = samples.iter().map(Sample::trainable_tokens).collect();
+        let step = self.step;
+        let mut msteps = Vec::new();
+        for tokens in pack(&rows, self.cfg.micro_tokens) {
+            let id = MicroStepId {
+                step,
+                seq: self.msteps.len() as u32,
+            };
+            self.msteps.push(id);
+            msteps.push(MicroStep { id, group, tokens });
+        }
+        let n = msteps.len() as u32;
+        self.taken.insert(
+            group,
+            Taken {
+                step,
+                micro_steps: n,
+                unclaimed: n,
+            },
+        );
+        self.selected.push(TrainedGroup {
+            group,
+            v_d,
+            tokens: rows.iter().sum(),
+            micro_steps: n,
+        });
+        if !msteps.is_empty() {
+            let notify = cx.me();
+            cx.send(
+                self.links.queue,
+                QueueMsg::Push {
+                    step,
+                    msteps,
+                    notify,
+                },
+            );
+        }
+        if self.selected.len() as u64 >= u64::from(self.cfg.batch_groups) {
+            self.seal(cx);
+        }
+    }
+
+    /// Closes the stream of the batch being filled and starts the next one.
+    fn seal(&mut self, cx: &mut Cx<'_, Self>) {
+        let step = self.step;
+        let total = self.msteps.len() as u32;
+        cx.send(self.links.queue, QueueMsg::Close { step, total });
+        let packer = cx.me();
+        cx.send(
+            self.links.core,
+            CoreMsg::BatchSealed {
+                step,
+                groups: std::mem::take(&mut self.selected),
+                micro_steps: std::mem::take(&mut self.msteps),
+                packer,
+            },
+        );
+        self.step += 1;
+    }
+}
+
+impl Actor for Packer {
+    type Msg = PackerMsg;
+    type Timer = ();
+
+    fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
+        let packer = cx.me();
+        cx.send(self.links.buffer, BufferMsg::Subscribe { packer });
+        self.report(cx);
+    }
+
+    fn on_msg(&mut self, _from: ActorId, msg: PackerMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            PackerMsg::Ready { group, v_d } => {
+                self.ready.insert((v_d, group));
+            }
+            PackerMsg::Taken {
+                group,
+                v_d,
+                samples,
+            } => {
+                if self.taking != Some(group) {
+                    tracing::warn!(?group, "packer got a group it did not ask for");
+                    return;
+                }
+                self.taking = None;
+                self.take_in(group, v_d, &samples, cx);
+            }
+            PackerMsg::NotReady { group } => {
+                if self.taking == Some(group) {
+                    self.taking = None;
+                }
+            }
+            PackerMsg::Claimed { group, .. } => {
+                if let Some(t) = self.taken.get_mut(&group) {
+                    t.unclaimed = t.unclaimed.saturating_sub(1);
+                }
+            }
+            PackerMsg::Trained { step } => {
+                self.trained = self.trained.max(step + 1);
+                let trained = self.trained;
+                self.taken.retain(|_, t| t.step >= trained);
+            }
+        }
+        self.maybe_take(cx);
+        self.report(cx);
+    }
+}

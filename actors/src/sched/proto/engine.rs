@@ -1,0 +1,78 @@
+//! The inference-engine protocol: model calls from the proxy, and the
+//! lifecycle a cell drives through a role change (stop admitting, pin KV
+//! blocks, cancel, hand blocks over, unload, load).
+
+use serde::{Deserialize, Serialize};
+
+use crate::sched::cell::Cell;
+use crate::sched::ids::{CallId, EngineIx, ExecId, Version};
+use crate::sched::proxy::Proxy;
+use gyre_runtime::Addr;
+
+/// Pinned KV-cache blocks of one execution's prefix, readable by another
+/// engine through the transfer engine until released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvBlocks {
+    pub exec: ExecId,
+    pub engine: EngineIx,
+    pub tokens: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum EngineReq {
+    /// Serve one model call (attempt `attempt` of it); answered with a
+    /// [`CallEvent`] to `reply_to`.
+    Serve {
+        call: CallId,
+        attempt: u32,
+        prompt_tokens: u64,
+        reply_to: Addr<Proxy>,
+    },
+    /// Refuse new calls from now on (SPEC 2.5 step 1).
+    StopAdmitting { reply_to: Addr<Cell> },
+    /// Pin the cache blocks of these executions (step 4, before cancelling).
+    PinKv {
+        execs: Vec<ExecId>,
+        reply_to: Addr<Cell>,
+    },
+    /// Cancel every unfinished call; cache writes stop (step 3).
+    CancelAll { reply_to: Addr<Cell> },
+    /// Blocks read from another engine now back this execution's prefix.
+    AdoptKv { exec: ExecId, tokens: u64 },
+    /// The destination acknowledged: drop the pins.
+    ReleaseKv { execs: Vec<ExecId> },
+    /// Unload rollout weights and free the KV cache (step 5).
+    Unload { reply_to: Addr<Cell> },
+    /// Load the published weights and serve again.
+    Load {
+        version: Version,
+        reply_to: Addr<Cell>,
+    },
+    /// A publication: serve `version` from now on.
+    SetWeights { version: Version },
+}
+
+/// Answers to the cell that drives the engine.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum EngineEvent {
+    AdmissionStopped,
+    KvPinned { blocks: Vec<KvBlocks> },
+    CancelComplete { cancelled: u32 },
+    Unloaded,
+    Loaded { version: Version },
+}
+
+/// Answers to the proxy about one attempt of one call.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum CallEvent {
+    Done {
+        call: CallId,
+        attempt: u32,
+        output_tokens: u64,
+        version: Version,
+    },
+    /// Cancelled by a role change; the proxy retries on the new route.
+    Cancelled { call: CallId, attempt: u32 },
+    /// Not admitted (the engine stopped admitting); retried likewise.
+    Rejected { call: CallId, attempt: u32 },
+}

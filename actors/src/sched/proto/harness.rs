@@ -1,0 +1,42 @@
+//! The harness protocol: a black-box agent run that makes model calls and
+//! eventually finishes. Its sandbox, workspace and tool state stay where
+//! they are for its whole life; it only ever sees answers, never a role
+//! change.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sched::execution::Execution;
+use crate::sched::ids::{CallId, ExecId, GroupId};
+use gyre_runtime::Addr;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum HarnessReq {
+    /// Run the harness for `exec` on the query of `group`.
+    Begin {
+        exec: ExecId,
+        group: GroupId,
+        reply_to: Addr<Execution>,
+    },
+    /// The answer to one model call.
+    Answer { call: CallId, output_tokens: u64 },
+    /// Stop the run (overall timeout or cancellation).
+    Abort { exec: ExecId },
+}
+
+/// How the harness itself ended a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HarnessOutcome {
+    Completed,
+    /// The harness's own timeout: the preserved work is still scored.
+    HarnessTimeout,
+    /// `complete`: nothing to evaluate (e.g. the image could not be pulled).
+    Failed {
+        complete: bool,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum HarnessEvent {
+    ModelCall { call: CallId, prompt_tokens: u64 },
+    Finished { outcome: HarnessOutcome },
+}

@@ -1,0 +1,55 @@
+//! The trainer protocol: micro-step compute for a training cell, and the
+//! collective and optimizer work of the core (SPEC 2.6).
+
+use serde::{Deserialize, Serialize};
+
+use crate::sched::cell::Cell;
+use crate::sched::core::Core;
+use crate::sched::ids::{MicroStepId, Step};
+use gyre_runtime::Addr;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum TrainerReq {
+    /// Fill the one-forward-one-backward pipeline: once per batch.
+    Warmup { step: Step, reply_to: Addr<Cell> },
+    /// Forward and backward over one micro-step; gradients accumulate.
+    FwdBwd {
+        mstep: MicroStepId,
+        tokens: u64,
+        reply_to: Addr<Cell>,
+    },
+    /// Drain the pipeline: once per batch, after the stream closed.
+    Drain { step: Step, reply_to: Addr<Cell> },
+    /// Build the communication groups of these prefix sizes, up front.
+    BuildGroups {
+        prefixes: Vec<u32>,
+        reply_to: Addr<Core>,
+    },
+    /// Gather and normalise the gradients of the prefix {0..members−1}.
+    Reduce {
+        step: Step,
+        members: u32,
+        group: Option<u32>,
+        reply_to: Addr<Core>,
+    },
+    /// Clip and apply one optimizer update.
+    Update { step: Step, reply_to: Addr<Core> },
+    /// Send the new parameters to the satellites of the prefix.
+    Broadcast {
+        step: Step,
+        members: u32,
+        group: Option<u32>,
+        reply_to: Addr<Core>,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum TrainerEvent {
+    Warm { step: Step },
+    Computed { mstep: MicroStepId },
+    Drained { step: Step },
+    GroupsBuilt { groups: u32 },
+    Reduced { step: Step, grad_norm: f64 },
+    Updated { step: Step },
+    Broadcasted { step: Step },
+}

@@ -1,0 +1,279 @@
+//! The proxy router: every model call of every execution goes through it.
+//!
+//! It routes execution → engine, as the scheduler tells it. When a role
+//! change cancels or refuses a call, the proxy retries the call on the
+//! execution's new route, or holds it until the scheduler's reroute arrives,
+//! so the harness never sees an error because of a role change (SPEC 2.5
+//! step 3). Each call is answered to its execution exactly once, whatever
+//! number of attempts it took. Reroutes are counted per execution.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::cell::{Cell, CellMsg};
+use crate::sched::execution::{ExecMsg, Execution};
+use crate::sched::ids::{CallId, EngineIx, ExecId, SwitchId};
+use crate::sched::proto::Port;
+use crate::sched::proto::engine::{CallEvent, EngineReq};
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ProxyMsg {
+    /// From the scheduler: a started execution is served by `engine`.
+    Route {
+        exec: ExecId,
+        engine: EngineIx,
+    },
+    /// From the scheduler: these executions move (a cell is switching);
+    /// acknowledged to `notify` once the routes are in place.
+    Reroute {
+        switch: SwitchId,
+        moves: Vec<(ExecId, EngineIx)>,
+        notify: Addr<Cell>,
+    },
+    /// From an execution that closed.
+    Forget {
+        exec: ExecId,
+    },
+    /// From an execution: one model call.
+    Call {
+        call: CallId,
+        prompt_tokens: u64,
+        reply_to: Addr<Execution>,
+    },
+    Engine(CallEvent),
+}
+
+impl From<CallEvent> for ProxyMsg {
+    fn from(e: CallEvent) -> Self {
+        ProxyMsg::Engine(e)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendingCall {
+    reply_to: Addr<Execution>,
+    prompt_tokens: u64,
+    attempt: u32,
+    /// The engine serving the current attempt; `None` while held.
+    at: Option<EngineIx>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    pub calls: u64,
+    pub answered: u64,
+    /// Attempts after the first (cancelled or refused by a role change).
+    pub retries: u64,
+    /// Times a call was held for lack of a usable route.
+    pub held: u64,
+    pub reroutes: u64,
+}
+
+#[derive(Debug)]
+pub struct Proxy {
+    engines: BTreeMap<EngineIx, Port<EngineReq>>,
+    routes: BTreeMap<ExecId, EngineIx>,
+    /// Executions that closed; a late route for one is ignored.
+    closed: BTreeSet<ExecId>,
+    calls: BTreeMap<CallId, PendingCall>,
+    reroutes: BTreeMap<ExecId, u32>,
+    stats: ProxyStats,
+}
+
+impl Proxy {
+    pub fn new(engines: BTreeMap<EngineIx, Port<EngineReq>>) -> Self {
+        Self {
+            engines,
+            routes: BTreeMap::new(),
+            closed: BTreeSet::new(),
+            calls: BTreeMap::new(),
+            reroutes: BTreeMap::new(),
+            stats: ProxyStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> ProxyStats {
+        self.stats
+    }
+
+    /// How often each execution was rerouted.
+    pub fn reroutes(&self) -> &BTreeMap<ExecId, u32> {
+        &self.reroutes
+    }
+
+    pub fn route(&self, exec: ExecId) -> Option<EngineIx> {
+        self.routes.get(&exec).copied()
+    }
+
+    /// Calls not yet answered.
+    pub fn outstanding(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Each unanswered call with the engine of its current attempt (`None`
+    /// while held) and its attempt count.
+    pub fn pending_calls(&self) -> Vec<(CallId, Option<EngineIx>, u32)> {
+        self.calls
+            .iter()
+            .map(|(c, p)| (*c, p.at, p.attempt))
+            .collect()
+    }
+
+    fn calls_of(exec: ExecId) -> std::ops::RangeInclusive<CallId> {
+        CallId { exec, seq: 0 }..=CallId {
+            exec,
+            seq: u32::MAX,
+        }
+    }
+
+    /// Sends a new attempt of `call` on its execution's route, or holds it.
+    fn attempt(&mut self, call: CallId, cx: &mut Cx<'_, Self>) {
+        let route = self.routes.get(&call.exec).copied();
+        let Some(p) = self.calls.get_mut(&call) else {
+            return;
+        };
+        let Some((engine, port)) = route.and_then(|e| Some((e, *self.engines.get(&e)?))) else {
+            p.at = None;
+            self.stats.held += 1;
+            return;
+        };
+        if p.attempt > 0 {
+            self.stats.retries += 1;
+        }
+        p.attempt += 1;
+        p.at = Some(engine);
+        let reply_to = cx.me();
+        cx.send(
+            port,
+            EngineReq::Serve {
+                call,
+                attempt: p.attempt,
+                prompt_tokens: p.prompt_tokens,
+                reply_to,
+            },
+        );
+    }
+
+    /// Sends held calls of `exec` on its (new) route.
+    fn release_held(&mut self, exec: ExecId, cx: &mut Cx<'_, Self>) {
+        let held: Vec<CallId> = self
+            .calls
+            .range(Self::calls_of(exec))
+            .filter(|(_, p)| p.at.is_none())
+            .map(|(c, _)| *c)
+            .collect();
+        for call in held {
+            self.attempt(call, cx);
+        }
+    }
+
+    /// An attempt ended without an answer: retry where the execution is
+    /// routed now, or hold the call until its route changes.
+    fn not_served(&mut self, call: CallId, attempt: u32, cx: &mut Cx<'_, Self>) {
+        let Some(p) = self.calls.get_mut(&call) else {
+            return;
+        };
+        if p.attempt != attempt {
+            return;
+        }
+        let failed_on = p.at.take();
+        let route = self.routes.get(&call.exec).copied();
+        if route.is_some() && route != failed_on {
+            self.attempt(call, cx);
+        } else {
+            self.stats.held += 1;
+        }
+    }
+}
+
+impl Actor for Proxy {
+    type Msg = ProxyMsg;
+    type Timer = ();
+
+    fn on_msg(&mut self, _from: ActorId, msg: ProxyMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            ProxyMsg::Route { exec, engine } => {
+                if self.closed.contains(&exec) {
+                    return;
+                }
+                self.routes.insert(exec, engine);
+                self.release_held(exec, cx);
+            }
+            ProxyMsg::Reroute {
+                switch,
+                moves,
+                notify,
+            } => {
+                for (exec, engine) in moves {
+                    if self.closed.contains(&exec) || !self.routes.contains_key(&exec) {
+                        continue;
+                    }
+                    self.routes.insert(exec, engine);
+                    *self.reroutes.entry(exec).or_default() += 1;
+                    self.stats.reroutes += 1;
+                    self.release_held(exec, cx);
+                }
+                cx.send(notify, CellMsg::RoutesMoved { switch });
+            }
+            ProxyMsg::Forget { exec } => {
+                self.routes.remove(&exec);
+                self.closed.insert(exec);
+                let calls: Vec<CallId> = self
+                    .calls
+                    .range(Self::calls_of(exec))
+                    .map(|(c, _)| *c)
+                    .collect();
+                for c in calls {
+                    self.calls.remove(&c);
+                }
+            }
+            ProxyMsg::Call {
+                call,
+                prompt_tokens,
+                reply_to,
+            } => {
+                if self.closed.contains(&call.exec) || self.calls.contains_key(&call) {
+                    return;
+                }
+                self.stats.calls += 1;
+                self.calls.insert(
+                    call,
+                    PendingCall {
+                        reply_to,
+                        prompt_tokens,
+                        attempt: 0,
+                        at: None,
+                    },
+                );
+                self.attempt(call, cx);
+            }
+            ProxyMsg::Engine(CallEvent::Done {
+                call,
+                attempt,
+                output_tokens,
+                version,
+            }) => {
+                if self.calls.get(&call).is_none_or(|p| p.attempt != attempt) {
+                    return;
+                }
+                if let Some(p) = self.calls.remove(&call) {
+                    self.stats.answered += 1;
+                    cx.send(
+                        p.reply_to,
+                        ExecMsg::Answer {
+                            call,
+                            output_tokens,
+                            version,
+                        },
+                    );
+                }
+            }
+            ProxyMsg::Engine(CallEvent::Cancelled { call, attempt })
+            | ProxyMsg::Engine(CallEvent::Rejected { call, attempt }) => {
+                self.not_served(call, attempt, cx)
+            }
+        }
+    }
+}

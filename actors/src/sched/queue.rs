@@ -1,0 +1,169 @@
+//! The micro-step queue: one shared queue that training cells claim from.
+//!
+//! Claims are served one at a time by this actor, so every micro-step is
+//! granted to exactly one cell, and cells receive disjoint work. A cell
+//! claims again as soon as its compute is free, so earlier or faster cells
+//! take more and all participants finish a batch at about the same time
+//! (SPEC 2.6). A claim that finds the queue empty parks until the packer
+//! pushes more or closes the stream; a claim on a closed, empty stream ends
+//! the cell's batch.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::cell::{Cell, CellMsg};
+use crate::sched::ids::{GroupId, MicroStepId, Step};
+use crate::sched::packer::{Packer, PackerMsg};
+
+/// One unit of training input: packed token rows of one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MicroStep {
+    pub id: MicroStepId,
+    pub group: GroupId,
+    pub tokens: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum QueueMsg {
+    Push {
+        step: Step,
+        msteps: Vec<MicroStep>,
+        notify: Addr<Packer>,
+    },
+    /// Every micro-step of `step` is enqueued: `total` of them.
+    Close { step: Step, total: u32 },
+    Claim {
+        step: Step,
+        cell: u32,
+        reply_to: Addr<Cell>,
+    },
+}
+
+#[derive(Debug, Default)]
+struct StepQueue {
+    unclaimed: VecDeque<MicroStep>,
+    pushed: u32,
+    closed: bool,
+    granted: BTreeSet<MicroStepId>,
+    waiting: VecDeque<(u32, Addr<Cell>)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Micro-steps granted to each cell.
+    pub grants: BTreeMap<u32, u64>,
+    /// Grants of an id already granted (must stay 0).
+    pub double_grants: u64,
+    /// A close whose total disagreed with what was pushed (must stay 0).
+    pub bad_closes: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct MicroQueue {
+    steps: BTreeMap<Step, StepQueue>,
+    packer: Option<Addr<Packer>>,
+    stats: QueueStats,
+}
+
+impl MicroQueue {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stats(&self) -> &QueueStats {
+        &self.stats
+    }
+
+    /// Micro-steps of `step` granted so far.
+    pub fn granted(&self, step: Step) -> usize {
+        self.steps.get(&step).map_or(0, |q| q.granted.len())
+    }
+
+    fn grant(&mut self, step: Step, cell: u32, to: Addr<Cell>, cx: &mut Cx<'_, Self>) -> bool {
+        let Some(q) = self.steps.get_mut(&step) else {
+            return false;
+        };
+        let Some(m) = q.unclaimed.pop_front() else {
+            return false;
+        };
+        if !q.granted.insert(m.id) {
+            self.stats.double_grants += 1;
+        }
+        *self.stats.grants.entry(cell).or_default() += 1;
+        cx.send(to, CellMsg::Grant { mstep: m });
+        if let Some(p) = self.packer {
+            cx.send(
+                p,
+                PackerMsg::Claimed {
+                    id: m.id,
+                    group: m.group,
+                },
+            );
+        }
+        true
+    }
+
+    /// Serves parked claims of `step` while there is work or the stream ended.
+    fn serve(&mut self, step: Step, cx: &mut Cx<'_, Self>) {
+        loop {
+            let Some(q) = self.steps.get_mut(&step) else {
+                return;
+            };
+            if q.unclaimed.is_empty() && !q.closed {
+                return;
+            }
+            let Some((cell, to)) = q.waiting.pop_front() else {
+                return;
+            };
+            if !self.grant(step, cell, to, cx) {
+                cx.send(to, CellMsg::StreamEnd { step });
+            }
+        }
+    }
+}
+
+impl Actor for MicroQueue {
+    type Msg = QueueMsg;
+    type Timer = ();
+
+    fn on_msg(&mut self, _from: ActorId, msg: QueueMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            QueueMsg::Push {
+                step,
+                msteps,
+                notify,
+            } => {
+                self.packer = Some(notify);
+                let q = self.steps.entry(step).or_default();
+                q.pushed += msteps.len() as u32;
+                q.unclaimed.extend(msteps);
+                self.serve(step, cx);
+            }
+            QueueMsg::Close { step, total } => {
+                let q = self.steps.entry(step).or_default();
+                q.closed = true;
+                if q.pushed != total {
+                    self.stats.bad_closes += 1;
+                }
+                self.serve(step, cx);
+            }
+            QueueMsg::Claim {
+                step,
+                cell,
+                reply_to,
+            } => {
+                if self.grant(step, cell, reply_to, cx) {
+                    return;
+                }
+                let q = self.steps.entry(step).or_default();
+                if q.closed {
+                    cx.send(reply_to, CellMsg::StreamEnd { step });
+                } else {
+                    q.waiting.push_back((cell, reply_to));
+                }
+            }
+        }
+    }
+}

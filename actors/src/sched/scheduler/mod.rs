@@ -1,0 +1,402 @@
+//! The scheduler: the single owner of the counters, the capacity ledger and
+//! every role decision.
+//!
+//! It dispatches executions ([`SchedMsg`] never carries a decision back: the
+//! scheduler decides, others report), starts them under the launch rule,
+//! moves cells to training one at a time under the watermark rule (2) and
+//! the supply check, and at each publication applies the burst-end rule
+//! (3). On start it spawns the protocol actors of the cluster (proxy,
+//! buffer, evaluator, packer, queue, core, cells) and wires them to the
+//! backends it was given; the executions it spawns as it dispatches them.
+//!
+//! - [`transition`]: launches, dispatch, and rollout→training decisions;
+//! - [`burst`]: step completions and publications.
+
+mod burst;
+mod transition;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::Policy;
+use crate::sched::buffer::Buffer;
+use crate::sched::cell::{Cell, CellLinks};
+use crate::sched::config::{ConfigError, Derived, SchedConfig};
+use crate::sched::core::{Core, CoreConfig, CoreLinks};
+use crate::sched::evaluator::Evaluator;
+use crate::sched::execution::{ExecStatus, Execution};
+use crate::sched::ids::{EngineIx, ExecId, Step, SwitchId, Version};
+use crate::sched::maths::{Counters, Dispatcher, Ledger, Role, SupplyCheck};
+use crate::sched::packer::{Packer, PackerConfig, PackerLinks};
+use crate::sched::proto::Port;
+use crate::sched::proto::engine::EngineReq;
+use crate::sched::proto::evaluator::EvalReq;
+use crate::sched::proto::harness::HarnessReq;
+use crate::sched::proto::memory::MemoryReq;
+use crate::sched::proto::trainer::TrainerReq;
+use crate::sched::proto::transfer::TransferReq;
+use crate::sched::proxy::Proxy;
+use crate::sched::queue::MicroQueue;
+
+/// The backend ports a cluster runs on.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    /// One inference engine per cell.
+    pub engines: Vec<Port<EngineReq>>,
+    /// The standalone pool's engine, iff C_s > 0.
+    pub pool_engine: Option<Port<EngineReq>>,
+    /// One trainer per cell; cell 0's also serves the core.
+    pub trainers: Vec<Port<TrainerReq>>,
+    /// One device-memory manager per cell.
+    pub memories: Vec<Port<MemoryReq>>,
+    pub transfer: Port<TransferReq>,
+    pub harness: Port<HarnessReq>,
+    pub evaluator: Port<EvalReq>,
+    pub kv_bytes_per_token: u64,
+}
+
+/// The protocol actors the scheduler spawned.
+#[derive(Debug, Clone)]
+pub struct Peers {
+    pub proxy: Addr<Proxy>,
+    pub buffer: Addr<Buffer>,
+    pub evaluator: Addr<Evaluator>,
+    pub packer: Addr<Packer>,
+    pub queue: Addr<MicroQueue>,
+    pub core: Addr<Core>,
+    pub cells: Vec<Addr<Cell>>,
+    pub pool: Option<Addr<Cell>>,
+}
+
+impl Peers {
+    /// The cell that owns `engine`.
+    pub fn cell_of(&self, engine: EngineIx) -> Option<Addr<Cell>> {
+        match engine {
+            EngineIx::Pool => self.pool,
+            EngineIx::Cell(c) => self.cells.get(c as usize).copied(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum SchedMsg {
+    /// From an execution: it terminated (f += 1).
+    Closed { exec: ExecId, status: ExecStatus },
+    /// From a cell: training memory is resident.
+    Switched { cell: u32, switch: SwitchId },
+    /// From a cell: it holds the core's weights and trains; the transition
+    /// is complete.
+    Joined { cell: u32, switch: SwitchId },
+    /// From a cell: its engine serves again.
+    Returned { cell: u32, switch: SwitchId },
+    /// From the packer: the supply of the batch being filled.
+    Supply { step: Step, value: u64 },
+    /// From the core: a non-final step of a burst is done.
+    StepDone { step: Step },
+    /// From the core: the final step of a burst is done and published.
+    Published { step: Step, version: Version },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SchedTimer {
+    /// The supply check comes due.
+    Supply,
+}
+
+/// One rollout→training decision, with the values it was taken on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransitionRecord {
+    pub at: Nanos,
+    pub cells: Vec<u32>,
+    pub watermark: u64,
+    /// C_R once the cells left.
+    pub capacity_after: u64,
+    pub supply: u64,
+    pub supply_since: Option<Nanos>,
+    pub displaced: usize,
+}
+
+/// One burst-end decision (SPEC 2.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BurstRecord {
+    pub step: Step,
+    pub core_stays: bool,
+    pub ready: u64,
+    pub watermark: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SchedLog {
+    pub transitions: Vec<TransitionRecord>,
+    pub bursts: Vec<BurstRecord>,
+    /// Decisions the ledger refused (must stay empty).
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedConfig,
+    derived: Derived,
+    backends: Backends,
+    peers: Option<Peers>,
+    counters: Counters,
+    ledger: Ledger,
+    dispatcher: Dispatcher,
+    supply: SupplyCheck,
+    supply_timer: Option<Nanos>,
+    queue: VecDeque<ExecId>,
+    execs: BTreeMap<ExecId, Addr<Execution>>,
+    published: Version,
+    steps_done: u64,
+    burst: u64,
+    done: bool,
+    switches: Vec<Option<SwitchId>>,
+    next_switch: u64,
+    /// Cells of an all-at-once switch (Colocate, Async's start), and those
+    /// of them whose training memory is resident.
+    group: BTreeSet<u32>,
+    group_switched: BTreeSet<u32>,
+    log: SchedLog,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedConfig, backends: Backends) -> Result<Self, ConfigError> {
+        let derived = cfg.validate()?;
+        let k = cfg.cells as usize;
+        for (what, got) in [
+            ("engines", backends.engines.len()),
+            ("trainers", backends.trainers.len()),
+            ("device memories", backends.memories.len()),
+        ] {
+            if got != k {
+                return Err(ConfigError::Ports {
+                    what,
+                    expected: k,
+                    got,
+                });
+            }
+        }
+        let pool = usize::from(cfg.pool_capacity > 0);
+        let got = usize::from(backends.pool_engine.is_some());
+        if pool != got {
+            return Err(ConfigError::Ports {
+                what: "standalone pool engine",
+                expected: pool,
+                got,
+            });
+        }
+        Ok(Self {
+            ledger: Ledger::new(cfg.cells, cfg.cell_capacity, cfg.pool_capacity),
+            dispatcher: Dispatcher {
+                mode: cfg.dispatch,
+                over_groups: derived.over_groups,
+                mu: u64::from(cfg.mu),
+                batch_groups: u64::from(cfg.batch_groups),
+                group_size: u64::from(cfg.group_size),
+            },
+            supply: SupplyCheck::new(u64::from(derived.supply_threshold), cfg.tau),
+            supply_timer: None,
+            counters: Counters::default(),
+            queue: VecDeque::new(),
+            execs: BTreeMap::new(),
+            published: 0,
+            steps_done: 0,
+            burst: 0,
+            done: false,
+            switches: vec![None; k],
+            next_switch: 0,
+            group: BTreeSet::new(),
+            group_switched: BTreeSet::new(),
+            log: SchedLog::default(),
+            peers: None,
+            cfg,
+            derived,
+            backends,
+        })
+    }
+
+    pub fn config(&self) -> &SchedConfig {
+        &self.cfg
+    }
+    pub fn derived(&self) -> Derived {
+        self.derived
+    }
+    pub fn peers(&self) -> Option<&Peers> {
+        self.peers.as_ref()
+    }
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+    pub fn supply(&self) -> &SupplyCheck {
+        &self.supply
+    }
+    pub fn published(&self) -> Version {
+        self.published
+    }
+    pub fn steps_done(&self) -> u64 {
+        self.steps_done
+    }
+    /// Publications so far.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+    /// The target step count was reached.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+    pub fn log(&self) -> &SchedLog {
+        &self.log
+    }
+
+    fn new_switch(&mut self) -> SwitchId {
+        self.next_switch += 1;
+        SwitchId(self.next_switch)
+    }
+
+    fn current(&self, cell: u32, switch: SwitchId) -> bool {
+        self.switches.get(cell as usize).copied().flatten() == Some(switch)
+    }
+
+    fn spawn_peers(&mut self, cx: &mut Cx<'_, Self>) -> Peers {
+        let me = cx.me();
+        let b = &self.backends;
+        let cfg = &self.cfg;
+        let mut engines: BTreeMap<EngineIx, Port<EngineReq>> = b
+            .engines
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (EngineIx::Cell(i as u32), *p))
+            .collect();
+        if let Some(p) = b.pool_engine {
+            engines.insert(EngineIx::Pool, p);
+        }
+        let proxy = cx.spawn(Proxy::new(engines));
+        let buffer = cx.spawn(Buffer::new(cfg.group_size));
+        let evaluator = cx.spawn(Evaluator::new(b.evaluator, buffer, cfg.eval_retry));
+        let core = cx.spawn(Core::new(
+            CoreConfig {
+                cells: cfg.cells,
+                mu: cfg.mu,
+                target_steps: cfg.target_steps,
+                streaming: cfg.streaming,
+                keep_satellites: matches!(cfg.policy, Policy::Async { .. }),
+            },
+            CoreLinks {
+                sched: me,
+                trainer: b.trainers[0],
+                transfer: b.transfer,
+            },
+        ));
+        let queue = cx.spawn(MicroQueue::new());
+        let packer = cx.spawn(Packer::new(
+            PackerConfig {
+                batch_groups: cfg.batch_groups,
+                micro_tokens: cfg.micro_tokens,
+                short_micro_steps: cfg.short_micro_steps,
+                streaming: cfg.streaming,
+            },
+            PackerLinks {
+                buffer,
+                queue,
+                core,
+                sched: me,
+            },
+        ));
+        let links = |engine, trainer, memory| CellLinks {
+            sched: me,
+            core,
+            queue,
+            engine,
+            trainer,
+            memory,
+            transfer: b.transfer,
+        };
+        let cells = (0..cfg.cells as usize)
+            .map(|i| {
+                let l = links(b.engines[i], Some(b.trainers[i]), Some(b.memories[i]));
+                cx.spawn(Cell::new(i as u32, l, b.kv_bytes_per_token))
+            })
+            .collect();
+        let pool = b
+            .pool_engine
+            .map(|e| cx.spawn(Cell::standalone(links(e, None, None), b.kv_bytes_per_token)));
+        Peers {
+            proxy,
+            buffer,
+            evaluator,
+            packer,
+            queue,
+            core,
+            cells,
+            pool,
+        }
+    }
+}
+
+impl Actor for Scheduler {
+    type Msg = SchedMsg;
+    type Timer = SchedTimer;
+
+    fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
+        let peers = self.spawn_peers(cx);
+        self.peers = Some(peers);
+        if let Policy::Async { train_cells } = self.cfg.policy {
+            let cells: Vec<u32> = (0..train_cells).collect();
+            self.start_switch(&cells, cx);
+        }
+        let n = self.dispatcher.at_start();
+        self.dispatch(n, cx);
+        self.launch(cx);
+        self.try_transition(cx);
+    }
+
+    fn on_msg(&mut self, _from: ActorId, msg: SchedMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            SchedMsg::Closed { exec, .. } => {
+                // Only a started (placed) execution can close.
+                if self.ledger.release(exec).is_none() {
+                    return;
+                }
+                self.execs.remove(&exec);
+                self.counters.finish();
+                self.launch(cx);
+                self.try_transition(cx);
+            }
+            SchedMsg::Switched { cell, switch } => self.on_switched(cell, switch, cx),
+            SchedMsg::Joined { cell, switch } => {
+                if self.current(cell, switch) && self.ledger.role(cell) == Some(Role::ToTraining) {
+                    if let Err(e) = self.ledger.set_role(cell, Role::Training) {
+                        self.log.errors.push(e.to_string());
+                    }
+                    self.supply.reset(cx.now());
+                    self.try_transition(cx);
+                }
+            }
+            SchedMsg::Returned { cell, switch } => {
+                if self.current(cell, switch) && self.ledger.role(cell) == Some(Role::Returning) {
+                    if let Err(e) = self.ledger.set_role(cell, Role::Rollout) {
+                        self.log.errors.push(e.to_string());
+                    }
+                    self.launch(cx);
+                    self.try_transition(cx);
+                }
+            }
+            SchedMsg::Supply { value, .. } => {
+                self.supply.observe(cx.now(), value);
+                self.try_transition(cx);
+            }
+            SchedMsg::StepDone { step } => self.on_step_done(step, cx),
+            SchedMsg::Published { step, version } => self.on_published(step, version, cx),
+        }
+    }
+
+    fn on_timer(&mut self, _timer: SchedTimer, cx: &mut Cx<'_, Self>) {
+        self.supply_timer = None;
+        self.try_transition(cx);
+    }
+}

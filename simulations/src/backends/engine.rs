@@ -1,0 +1,236 @@
+//! A simulated inference engine: a service time per call from the prompt
+//! tokens its KV cache does not already hold and the output it samples, and
+//! the control operations a cell drives through a role change.
+//!
+//! It also polices the protocol from its side: unloading while blocks are
+//! still pinned, or while calls are still in flight, counts as a violation.
+
+use std::collections::BTreeMap;
+
+use gyre_actors::sched::cell::Cell;
+use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, Version};
+use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
+use gyre_actors::sched::proxy::Proxy;
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+
+use crate::costs::EngineCosts;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EngineTimer {
+    Call(CallId),
+    Unload,
+    Load,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    attempt: u32,
+    prompt: u64,
+    output: u64,
+    reply_to: Addr<Proxy>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub served: u64,
+    pub cancelled: u64,
+    pub rejected: u64,
+    /// Prompt tokens found in the cache (own or adopted).
+    pub cached_tokens: u64,
+    pub adopted: u64,
+    pub violations: u64,
+}
+
+#[derive(Debug)]
+pub struct SimEngine {
+    ix: EngineIx,
+    costs: EngineCosts,
+    admitting: bool,
+    loaded: bool,
+    version: Version,
+    kv: BTreeMap<ExecId, u64>,
+    pinned: BTreeMap<ExecId, u64>,
+    inflight: BTreeMap<CallId, InFlight>,
+    control: Option<(Addr<Cell>, Version)>,
+    stats: EngineStats,
+}
+
+impl SimEngine {
+    /// An engine already serving version 0.
+    pub fn new(ix: EngineIx, costs: EngineCosts) -> Self {
+        Self {
+            ix,
+            costs,
+            admitting: true,
+            loaded: true,
+            version: 0,
+            kv: BTreeMap::new(),
+            pinned: BTreeMap::new(),
+            inflight: BTreeMap::new(),
+            control: None,
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.loaded && self.admitting
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+}
+
+impl Actor for SimEngine {
+    type Msg = EngineReq;
+    type Timer = EngineTimer;
+
+    fn on_msg(&mut self, _from: ActorId, msg: EngineReq, cx: &mut Cx<'_, Self>) {
+        match msg {
+            EngineReq::Serve {
+                call,
+                attempt,
+                prompt_tokens,
+                reply_to,
+            } => {
+                if !self.is_serving() {
+                    self.stats.rejected += 1;
+                    cx.send(reply_to, CallEvent::Rejected { call, attempt });
+                    return;
+                }
+                let cached = self
+                    .kv
+                    .get(&call.exec)
+                    .copied()
+                    .unwrap_or(0)
+                    .min(prompt_tokens);
+                self.stats.cached_tokens += cached;
+                let output = self.costs.output_tokens.draw(cx.rng());
+                let base = self.costs.call_base.draw(cx.rng());
+                let service = base
+                    + (prompt_tokens - cached) * self.costs.prefill_per_token
+                    + output * self.costs.decode_per_token;
+                self.inflight.insert(
+                    call,
+                    InFlight {
+                        attempt,
+                        prompt: prompt_tokens,
+                        output,
+                        reply_to,
+                    },
+                );
+                cx.set_timer(EngineTimer::Call(call), service);
+            }
+            EngineReq::StopAdmitting { reply_to } => {
+                self.admitting = false;
+                cx.send(reply_to, EngineEvent::AdmissionStopped);
+            }
+            EngineReq::PinKv { execs, reply_to } => {
+                let mut blocks = Vec::new();
+                for exec in execs {
+                    if let Some(tokens) = self.kv.get(&exec).copied().filter(|t| *t > 0) {
+                        self.pinned.insert(exec, tokens);
+                        blocks.push(KvBlocks {
+                            exec,
+                            engine: self.ix,
+                            tokens,
+                        });
+                    }
+                }
+                cx.send(reply_to, EngineEvent::KvPinned { blocks });
+            }
+            EngineReq::CancelAll { reply_to } => {
+                let calls = std::mem::take(&mut self.inflight);
+                let cancelled = calls.len() as u32;
+                for (call, f) in calls {
+                    cx.cancel_timer(&EngineTimer::Call(call));
+                    self.stats.cancelled += 1;
+                    cx.send(
+                        f.reply_to,
+                        CallEvent::Cancelled {
+                            call,
+                            attempt: f.attempt,
+                        },
+                    );
+                }
+                cx.send(reply_to, EngineEvent::CancelComplete { cancelled });
+            }
+            EngineReq::AdoptKv { exec, tokens } => {
+                if self.loaded {
+                    self.stats.adopted += 1;
+                    let e = self.kv.entry(exec).or_default();
+                    *e = (*e).max(tokens);
+                }
+            }
+            EngineReq::ReleaseKv { execs } => {
+                for exec in execs {
+                    self.pinned.remove(&exec);
+                }
+            }
+            EngineReq::Unload { reply_to } => {
+                if !self.pinned.is_empty() || !self.inflight.is_empty() {
+                    self.stats.violations += 1;
+                }
+                self.admitting = false;
+                self.loaded = false;
+                self.kv.clear();
+                self.control = Some((reply_to, self.version));
+                cx.set_timer(EngineTimer::Unload, self.costs.unload);
+            }
+            EngineReq::Load { version, reply_to } => {
+                self.control = Some((reply_to, version));
+                cx.set_timer(EngineTimer::Load, self.costs.load);
+            }
+            EngineReq::SetWeights { version } => {
+                self.version = self.version.max(version);
+            }
+        }
+    }
+
+    fn on_timer(&mut self, timer: EngineTimer, cx: &mut Cx<'_, Self>) {
+        match timer {
+            EngineTimer::Call(call) => {
+                let Some(f) = self.inflight.remove(&call) else {
+                    return;
+                };
+                self.stats.served += 1;
+                self.kv.insert(call.exec, f.prompt + f.output);
+                cx.send(
+                    f.reply_to,
+                    CallEvent::Done {
+                        call,
+                        attempt: f.attempt,
+                        output_tokens: f.output,
+                        version: self.version,
+                    },
+                );
+            }
+            EngineTimer::Unload => {
+                if let Some((to, _)) = self.control.take() {
+                    cx.send(to, EngineEvent::Unloaded);
+                }
+            }
+            EngineTimer::Load => {
+                if let Some((to, version)) = self.control.take() {
+                    self.loaded = true;
+                    self.admitting = true;
+                    self.version = self.version.max(version);
+                    cx.send(
+                        to,
+                        EngineEvent::Loaded {
+                            version: self.version,
+                        },
+                    );
+                }
+            }
+        }
+    }
+}

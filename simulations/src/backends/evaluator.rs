@@ -1,0 +1,71 @@
+//! A simulated evaluator backend: a drawn latency, a failure probability
+//! (the evaluator actor retries), and a reward drawn independently of how
+//! long the run took or how it ended.
+
+use std::collections::BTreeMap;
+
+use gyre_actors::sched::evaluator::Evaluator;
+use gyre_actors::sched::ids::ExecId;
+use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq};
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use rand::Rng;
+
+use crate::costs::EvalCosts;
+
+#[derive(Debug)]
+pub struct SimEvaluator {
+    costs: EvalCosts,
+    pending: BTreeMap<(ExecId, u32), Addr<Evaluator>>,
+    pub scored: u64,
+    pub failed: u64,
+}
+
+impl SimEvaluator {
+    pub fn new(costs: EvalCosts) -> Self {
+        Self {
+            costs,
+            pending: BTreeMap::new(),
+            scored: 0,
+            failed: 0,
+        }
+    }
+}
+
+impl Actor for SimEvaluator {
+    type Msg = EvalReq;
+    type Timer = (ExecId, u32);
+
+    fn on_msg(&mut self, _from: ActorId, msg: EvalReq, cx: &mut Cx<'_, Self>) {
+        let EvalReq::Score {
+            exec,
+            attempt,
+            reply_to,
+        } = msg;
+        self.pending.insert((exec, attempt), reply_to);
+        let t = self.costs.latency.draw(cx.rng());
+        cx.set_timer((exec, attempt), t);
+    }
+
+    fn on_timer(&mut self, key: (ExecId, u32), cx: &mut Cx<'_, Self>) {
+        let Some(reply_to) = self.pending.remove(&key) else {
+            return;
+        };
+        let (exec, attempt) = key;
+        let rng = cx.rng();
+        if rng.random_bool(self.costs.p_fail.clamp(0.0, 1.0)) {
+            self.failed += 1;
+            cx.send(reply_to, EvalEvent::Failed { exec, attempt });
+        } else {
+            self.scored += 1;
+            let reward = if rng.random_bool(0.5) { 1.0 } else { 0.0 };
+            cx.send(
+                reply_to,
+                EvalEvent::Scored {
+                    exec,
+                    attempt,
+                    reward,
+                },
+            );
+        }
+    }
+}

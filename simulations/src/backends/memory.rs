@@ -1,0 +1,114 @@
+//! A simulated device-memory manager: releasing or restoring one role's
+//! memory takes a drawn time, and the device refuses to restore a role while
+//! the other is still resident if both do not fit, which is exactly the
+//! ordering SPEC 2.5 step 5 relies on.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gyre_actors::sched::cell::Cell;
+use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
+use gyre_runtime::{Actor, ActorId, Addr, Cx};
+
+use crate::costs::MemoryCosts;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub releases: u64,
+    pub restores: u64,
+    pub refusals: u64,
+    pub peak: u64,
+}
+
+#[derive(Debug)]
+pub struct SimMemory {
+    costs: MemoryCosts,
+    resident: BTreeSet<MemRole>,
+    next_op: u64,
+    ops: BTreeMap<u64, (MemoryReq, Addr<Cell>)>,
+    stats: MemoryStats,
+}
+
+impl SimMemory {
+    /// A device with rollout memory resident (its engine is up).
+    pub fn new(costs: MemoryCosts) -> Self {
+        let mut s = Self {
+            costs,
+            resident: BTreeSet::from([MemRole::Rollout]),
+            next_op: 0,
+            ops: BTreeMap::new(),
+            stats: MemoryStats::default(),
+        };
+        s.stats.peak = s.used();
+        s
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.stats
+    }
+
+    pub fn resident(&self) -> Vec<MemRole> {
+        self.resident.iter().copied().collect()
+    }
+
+    fn bytes(&self, role: MemRole) -> u64 {
+        match role {
+            MemRole::Rollout => self.costs.rollout_bytes,
+            MemRole::Training => self.costs.training_bytes,
+        }
+    }
+
+    fn used(&self) -> u64 {
+        self.resident.iter().map(|r| self.bytes(*r)).sum()
+    }
+}
+
+impl Actor for SimMemory {
+    type Msg = MemoryReq;
+    type Timer = u64;
+
+    fn on_msg(&mut self, _from: ActorId, msg: MemoryReq, cx: &mut Cx<'_, Self>) {
+        let (cost, reply_to) = match &msg {
+            MemoryReq::Release { reply_to, .. } => (self.costs.release.draw(cx.rng()), *reply_to),
+            MemoryReq::Restore { role, reply_to } => {
+                let need = self.used() + self.bytes(*role);
+                if !self.resident.contains(role) && need > self.costs.capacity {
+                    self.stats.refusals += 1;
+                    cx.send(
+                        *reply_to,
+                        MemoryEvent::Refused {
+                            role: *role,
+                            reason: format!(
+                                "{need} units needed, device holds {}",
+                                self.costs.capacity
+                            ),
+                        },
+                    );
+                    return;
+                }
+                (self.costs.restore.draw(cx.rng()), *reply_to)
+            }
+        };
+        self.next_op += 1;
+        self.ops.insert(self.next_op, (msg, reply_to));
+        cx.set_timer(self.next_op, cost);
+    }
+
+    fn on_timer(&mut self, op: u64, cx: &mut Cx<'_, Self>) {
+        let Some((req, reply_to)) = self.ops.remove(&op) else {
+            return;
+        };
+        match req {
+            MemoryReq::Release { role, .. } => {
+                self.resident.remove(&role);
+                self.stats.releases += 1;
+                cx.send(reply_to, MemoryEvent::Released { role });
+            }
+            MemoryReq::Restore { role, .. } => {
+                self.resident.insert(role);
+                self.stats.restores += 1;
+                self.stats.peak = self.stats.peak.max(self.used());
+                cx.send(reply_to, MemoryEvent::Restored { role });
+            }
+        }
+    }
+}

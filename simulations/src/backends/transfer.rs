@@ -1,0 +1,93 @@
+//! A simulated transfer engine: a latency plus a bandwidth term per read,
+//! registered weight buffers with their version, and a publication cost.
+
+use std::collections::BTreeMap;
+
+use gyre_actors::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
+use gyre_runtime::{Actor, ActorId, Cx};
+
+use crate::costs::TransferCosts;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    pub reads: u64,
+    pub bytes_read: u64,
+    pub exposes: u64,
+    pub publishes: u64,
+}
+
+#[derive(Debug)]
+pub struct SimTransfer {
+    costs: TransferCosts,
+    next_op: u64,
+    next_segment: u64,
+    ops: BTreeMap<u64, TransferReq>,
+    stats: TransferStats,
+}
+
+impl SimTransfer {
+    pub fn new(costs: TransferCosts) -> Self {
+        Self {
+            costs,
+            next_op: 0,
+            next_segment: 0,
+            ops: BTreeMap::new(),
+            stats: TransferStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> TransferStats {
+        self.stats
+    }
+}
+
+impl Actor for SimTransfer {
+    type Msg = TransferReq;
+    type Timer = u64;
+
+    fn on_msg(&mut self, _from: ActorId, msg: TransferReq, cx: &mut Cx<'_, Self>) {
+        let cost = match &msg {
+            TransferReq::Expose { .. } => self.costs.latency,
+            TransferReq::Read { bytes, .. } => {
+                self.costs.latency + (bytes / 1024).saturating_mul(self.costs.ns_per_kib)
+            }
+            TransferReq::Publish { .. } => self.costs.publish.draw(cx.rng()),
+        };
+        self.next_op += 1;
+        self.ops.insert(self.next_op, msg);
+        cx.set_timer(self.next_op, cost);
+    }
+
+    fn on_timer(&mut self, op: u64, cx: &mut Cx<'_, Self>) {
+        let Some(req) = self.ops.remove(&op) else {
+            return;
+        };
+        match req {
+            TransferReq::Expose { version, reply_to } => {
+                self.stats.exposes += 1;
+                self.next_segment += 1;
+                let segment = Segment {
+                    id: self.next_segment,
+                    version,
+                    bytes: self.costs.weights_bytes,
+                };
+                cx.send(reply_to, TransferEvent::Exposed { segment });
+            }
+            TransferReq::Read {
+                tag,
+                bytes,
+                reply_to,
+            } => {
+                self.stats.reads += 1;
+                self.stats.bytes_read += bytes;
+                cx.send(reply_to, TransferEvent::ReadDone { tag });
+            }
+            TransferReq::Publish {
+                version, reply_to, ..
+            } => {
+                self.stats.publishes += 1;
+                cx.send(reply_to, TransferEvent::Published { version });
+            }
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! SPEC 2's invariants, checked after every simulator event, and the checks
+//! a finished run must pass.
+//!
+//! The checker reads actor states through the simulator's view and keeps
+//! its own history, so it re-derives what it checks rather than trusting the
+//! scheduler's bookkeeping: it watches the watermark across events, tracks
+//! the supply clock from the values and resets it observes, and keeps its
+//! own set of trained groups.
+//!
+//! After every event:
+//! - d ≥ p ≥ f, and the ledger's placements equal p − f and never exceed
+//!   C_R or any engine's slots;
+//! - under boundary dispatch, w never rises inside a burst;
+//! - the training set is a prefix starting at the core, at most one cell is
+//!   switching in under the elastic policy, and no cell leaves it inside a
+//!   burst;
+//! - a rollout→training transition happens only when rule (2) holds and the
+//!   supply has held for τ since the last reset (Async's fixed partition is
+//!   exempt: it is configuration, not a decision);
+//! - exactly one optimizer update per step, in order; each step trains B
+//!   distinct groups, none trained before; batch memberships are prefixes;
+//! - no harness call timed out or got an answer it did not expect, and no
+//!   actor or backend saw a protocol breach.
+
+use std::collections::BTreeSet;
+
+use gyre_actors::sched::Policy;
+use gyre_actors::sched::config::DispatchMode;
+use gyre_actors::sched::core::Core;
+use gyre_actors::sched::ids::GroupId;
+use gyre_actors::sched::maths::prefix::{is_prefix, training_set};
+use gyre_actors::sched::maths::{Role, SupplyCheck};
+use gyre_actors::sched::scheduler::Scheduler;
+use gyre_runtime::Addr;
+use gyre_runtime::sim::SimView;
+
+use crate::backends::{SimEngine, SimHarness};
+use crate::world::Cluster;
+
+#[derive(Debug, Clone)]
+struct Seen {
+    published: u64,
+    steps_done: u64,
+    watermark: u64,
+    roles: Vec<Role>,
+}
+
+/// The per-event invariant checker of one cluster.
+#[derive(Debug)]
+pub struct Checker {
+    sched: Addr<Scheduler>,
+    harness: Addr<SimHarness>,
+    engines: Vec<Addr<SimEngine>>,
+    policy: Policy,
+    boundary: bool,
+    batch_groups: usize,
+    supply: Option<SupplyCheck>,
+    prev: Option<Seen>,
+    updates_seen: usize,
+    records_seen: usize,
+    memberships_seen: usize,
+    trained: BTreeSet<GroupId>,
+}
+
+impl Checker {
+    pub fn new(cluster: &Cluster) -> Self {
+        let mut engines = cluster.backends.engines.clone();
+        engines.extend(cluster.backends.pool);
+        Self {
+            sched: cluster.sched,
+            harness: cluster.backends.harness,
+            engines,
+            // Read from the scheduler's configuration at the first check.
+            policy: Policy::Elastic,
+            boundary: true,
+            batch_groups: 0,
+            supply: None,
+            prev: None,
+            updates_seen: 0,
+            records_seen: 0,
+            memberships_seen: 0,
+            trained: BTreeSet::new(),
+        }
+    }
+
+    /// Groups trained so far, as the checker counted them.
+    pub fn trained(&self) -> usize {
+        self.trained.len()
+    }
+
+    /// Checks every invariant against the state after one event.
+    pub fn check(&mut self, view: &SimView<'_>) -> Result<(), String> {
+        let Some(s) = view.actor(self.sched) else {
+            return Err("the scheduler is gone".to_owned());
+        };
+        let Some(peers) = s.peers() else {
+            return Ok(()); // not started yet
+        };
+        let now = view.now();
+        if self.supply.is_none() {
+            let cfg = s.config();
+            self.policy = cfg.policy;
+            self.boundary = cfg.dispatch == DispatchMode::Boundary;
+            self.batch_groups = cfg.batch_groups as usize;
+            self.supply = Some(SupplyCheck::new(
+                u64::from(s.derived().supply_threshold),
+                cfg.tau,
+            ));
+        }
+        let c = s.counters();
+        if !(c.dispatched() >= c.started() && c.started() >= c.finished()) {
+            return Err(format!(
+                "d ≥ p ≥ f broken: d={} p={} f={}",
+                c.dispatched(),
+                c.started(),
+                c.finished()
+            ));
+        }
+        let ledger = s.ledger();
+        ledger.check()?;
+        if ledger.running() != c.running() {
+            return Err(format!(
+                "ledger places {} executions, p − f = {}",
+                ledger.running(),
+                c.running()
+            ));
+        }
+        let roles = ledger.roles().to_vec();
+        let set = training_set(&roles);
+        if !is_prefix(set.iter().copied()) {
+            return Err(format!("training set {set:?} is not a prefix ({roles:?})"));
+        }
+        if self.policy == Policy::Elastic
+            && roles.iter().filter(|r| **r == Role::ToTraining).count() > 1
+        {
+            return Err(format!("two cells switch at once: {roles:?}"));
+        }
+        if let Some(e) = s.log().errors.first() {
+            return Err(format!("scheduler decision refused: {e}"));
+        }
+
+        let seen = Seen {
+            published: s.published(),
+            steps_done: s.steps_done(),
+            watermark: c.watermark(),
+            roles: roles.clone(),
+        };
+        let prev = self.prev.replace(seen).unwrap_or(Seen {
+            published: 0,
+            steps_done: 0,
+            watermark: c.watermark(),
+            roles: vec![Role::Rollout; roles.len()],
+        });
+        let same_burst = prev.published == s.published();
+        if self.boundary && same_burst && c.watermark() > prev.watermark {
+            return Err(format!(
+                "w rose inside a burst: {} -> {}",
+                prev.watermark,
+                c.watermark()
+            ));
+        }
+        if !same_burst && self.policy == Policy::Elastic && !s.is_done() {
+            // The burst-end rule (SPEC 2.4): the core stays only with
+            // ρ_min·B ready groups and w + μ·N·B ≤ C_s + (K − 1)·C_e, with
+            // w as it was before this publication's dispatch.
+            let cfg = s.config();
+            let stays = roles.first().is_some_and(|r| r.is_training_side());
+            let room = u64::from(cfg.pool_capacity)
+                + u64::from(cfg.cells - 1) * u64::from(cfg.cell_capacity);
+            let next = u64::from(cfg.mu) * cfg.batch_executions();
+            let supply = self.supply.as_ref().map_or(0, |s| s.value());
+            let threshold = u64::from(s.derived().supply_threshold);
+            if stays && (prev.watermark + next > room || supply < threshold) {
+                return Err(format!(
+                    "the core stayed with w = {}, μ·N·B = {next}, room {room}, supply {supply} < {threshold}?",
+                    prev.watermark
+                ));
+            }
+        }
+        let joined = prev
+            .roles
+            .iter()
+            .zip(&roles)
+            .any(|(a, b)| *a == Role::ToTraining && *b == Role::Training);
+        for (i, (a, b)) in prev.roles.iter().zip(&roles).enumerate() {
+            if same_burst && a.is_training_side() && !b.is_training_side() {
+                return Err(format!(
+                    "cell {i} left training inside a burst ({a:?} -> {b:?})"
+                ));
+            }
+        }
+
+        // The supply clock, re-derived from what the scheduler saw.
+        let supply = self.supply.as_mut().ok_or("no supply check")?;
+        if joined || !same_burst || prev.steps_done != s.steps_done() {
+            supply.reset(now);
+        }
+        if s.supply().value() != supply.value() {
+            supply.observe(now, s.supply().value());
+        }
+        let entered: Vec<usize> = prev
+            .roles
+            .iter()
+            .zip(&roles)
+            .enumerate()
+            .filter(|(_, (a, b))| **a == Role::Rollout && **b == Role::ToTraining)
+            .map(|(i, _)| i)
+            .collect();
+        if !entered.is_empty() && !matches!(self.policy, Policy::Async { .. }) {
+            if c.watermark() > ledger.rollout_capacity() {
+                return Err(format!(
+                    "cells {entered:?} left rollout with w = {} > C_R − moved = {} (rule 2)",
+                    c.watermark(),
+                    ledger.rollout_capacity()
+                ));
+            }
+            if !supply.passes(now) {
+                return Err(format!(
+                    "cells {entered:?} left rollout without the supply check: value {} since {:?}, now {now}",
+                    supply.value(),
+                    supply.since()
+                ));
+            }
+        }
+
+        self.check_core(view, peers.core)?;
+
+        let h = view.actor(self.harness).ok_or("the harness is gone")?;
+        let hs = h.stats();
+        if hs.call_timeouts > 0 || hs.stray_answers > 0 {
+            return Err(format!(
+                "a harness saw the serving side fail: {} call timeouts, {} stray answers",
+                hs.call_timeouts, hs.stray_answers
+            ));
+        }
+        for addr in peers.cells.iter().chain(peers.pool.iter()) {
+            let Some(cell) = view.actor(*addr) else {
+                return Err(format!("cell {addr:?} is gone"));
+            };
+            let st = cell.stats();
+            if st.unexpected > 0 || st.faults > 0 || st.stale_snapshots > 0 {
+                return Err(format!("cell {:?} in trouble: {st:?}", cell.index()));
+            }
+        }
+        for e in &self.engines {
+            if let Some(engine) = view.actor(*e)
+                && engine.stats().violations > 0
+            {
+                return Err(format!(
+                    "engine {e:?} unloaded with pinned blocks or calls in flight"
+                ));
+            }
+        }
+        if let Some(q) = view.actor(peers.queue) {
+            let qs = q.stats();
+            if qs.double_grants > 0 || qs.bad_closes > 0 {
+                return Err(format!("micro-step queue: {qs:?}"));
+            }
+        }
+        if let Some(b) = view.actor(peers.buffer)
+            && b.stats().violations > 0
+        {
+            return Err(format!("trajectory buffer: {:?}", b.stats()));
+        }
+        Ok(())
+    }
+
+    fn check_core(&mut self, view: &SimView<'_>, core: Addr<Core>) -> Result<(), String> {
+        let Some(core) = view.actor(core) else {
+            return Err("the core is gone".to_owned());
+        };
+        let log = core.log();
+        if let Some(v) = log.violations.first() {
+            return Err(format!("core: {v}"));
+        }
+        for (i, step) in log.updates.iter().enumerate().skip(self.updates_seen) {
+            if *step != i as u64 {
+                return Err(format!("update #{i} was for step {step}: not one per step"));
+            }
+        }
+        self.updates_seen = log.updates.len();
+        for r in log.records.iter().skip(self.records_seen) {
+            if r.groups.len() != self.batch_groups {
+                return Err(format!(
+                    "step {} trained {} groups, B = {}",
+                    r.step,
+                    r.groups.len(),
+                    self.batch_groups
+                ));
+            }
+            for g in &r.groups {
+                if !self.trained.insert(g.group) {
+                    return Err(format!(
+                        "group {:?} trained twice (step {})",
+                        g.group, r.step
+                    ));
+                }
+                if g.v_d > r.step {
+                    return Err(format!("group {:?} dispatched after its step", g.group));
+                }
+            }
+        }
+        self.records_seen = log.records.len();
+        for m in log.memberships.iter().skip(self.memberships_seen) {
+            if m.first() != Some(&0) || !is_prefix(m.iter().copied()) {
+                return Err(format!(
+                    "batch membership {m:?} is not a prefix from the core"
+                ));
+            }
+        }
+        self.memberships_seen = log.memberships.len();
+        Ok(())
+    }
+}
+
+/// The checks of a run that has quiesced: liveness and exact accounting.
+pub fn check_end(cluster: &Cluster) -> Result<(), String> {
+    let sim = &cluster.sim;
+    let s = sim.actor(cluster.sched).ok_or("the scheduler is gone")?;
+    let peers = s.peers().ok_or("the scheduler never started")?;
+    let cfg = s.config();
+    let core = sim.actor(peers.core).ok_or("the core is gone")?;
+    if core.version() != cfg.target_steps || !s.is_done() {
+        return Err(format!(
+            "liveness: {} of {} steps done",
+            core.version(),
+            cfg.target_steps
+        ));
+    }
+    let c = s.counters();
+    if c.started() != c.finished() {
+        return Err(format!(
+            "{} started executions never closed",
+            c.started() - c.finished()
+        ));
+    }
+    let h = sim
+        .actor(cluster.backends.harness)
+        .ok_or("the harness is gone")?;
+    let hs = h.stats();
+    if h.live().0 > 0 || hs.calls != hs.answered + hs.abandoned {
+        return Err(format!(
+            "harness calls unanswered: {hs:?}, {} runs still live",
+            h.live().0
+        ));
+    }
+    let proxy = sim.actor(peers.proxy).ok_or("the proxy is gone")?;
+    if proxy.outstanding() > 0 {
+        return Err(format!(
+            "{} calls still held by the proxy",
+            proxy.outstanding()
+        ));
+    }
+    let evaluator = sim.actor(peers.evaluator).ok_or("the evaluator is gone")?;
+    if evaluator.in_progress() > 0 {
+        return Err("evaluations never finished".to_owned());
+    }
+    for addr in &peers.cells {
+        let cell = sim.actor(*addr).ok_or("a cell is gone")?;
+        let st = cell.stats();
+        if cell.role() != gyre_actors::sched::cell::CellRole::Rollout {
+            return Err(format!(
+                "cell {:?} ended in {:?}",
+                cell.index(),
+                cell.role()
+            ));
+        }
+        if st.warmups != st.drains || st.drains != st.batches {
+            return Err(format!(
+                "cell {:?}: {} warm-ups, {} drains, {} batches with work",
+                cell.index(),
+                st.warmups,
+                st.drains,
+                st.batches
+            ));
+        }
+    }
+    let queue = sim.actor(peers.queue).ok_or("the queue is gone")?;
+    let mut trained = BTreeSet::new();
+    for r in &core.log().records {
+        if queue.granted(r.step) != r.micro_steps as usize {
+            return Err(format!(
+                "step {}: {} micro-steps granted, {} sealed",
+                r.step,
+                queue.granted(r.step),
+                r.micro_steps
+            ));
+        }
+        trained.extend(r.groups.iter().map(|g| g.group));
+    }
+    let want = cfg.target_steps as usize * cfg.batch_groups as usize;
+    if trained.len() != want || core.log().updates.len() != cfg.target_steps as usize {
+        return Err(format!(
+            "{} groups trained in {} updates, want {want} in {}",
+            trained.len(),
+            core.log().updates.len(),
+            cfg.target_steps
+        ));
+    }
+    Ok(())
+}

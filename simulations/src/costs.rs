@@ -1,0 +1,183 @@
+//! Costs of the simple simulated backends: fixed values and uniform ranges
+//! drawn from each backend's own seeded stream. They are not calibrated;
+//! they only need to make every protocol path happen in a small run. The
+//! defaults echo the reference system's orders of magnitude (a switch costs
+//! seconds, a model call a few seconds, an execution minutes).
+
+use gyre_runtime::{MILLIS, Nanos, SECS};
+use serde::{Deserialize, Serialize};
+
+/// An inclusive range to draw from uniformly (bounds swapped if reversed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span {
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Span {
+    pub const fn new(min: u64, max: u64) -> Self {
+        Self { min, max }
+    }
+
+    pub const fn fixed(v: u64) -> Self {
+        Self { min: v, max: v }
+    }
+
+    pub fn draw(&self, rng: &mut impl rand::Rng) -> u64 {
+        let (lo, hi) = (self.min.min(self.max), self.min.max(self.max));
+        rng.random_range(lo..=hi)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineCosts {
+    pub call_base: Span,
+    /// Per prompt token not found in the KV cache.
+    pub prefill_per_token: Nanos,
+    pub decode_per_token: Nanos,
+    pub output_tokens: Span,
+    pub unload: Nanos,
+    pub load: Nanos,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryCosts {
+    pub release: Span,
+    pub restore: Span,
+    pub capacity: u64,
+    pub rollout_bytes: u64,
+    pub training_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferCosts {
+    pub latency: Nanos,
+    /// Nanoseconds per KiB moved.
+    pub ns_per_kib: Nanos,
+    pub weights_bytes: u64,
+    pub publish: Span,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerCosts {
+    pub warmup: Nanos,
+    pub drain: Nanos,
+    pub per_token: Nanos,
+    /// Cost multiplier of each cell's trainer (missing: 1.0); a slower
+    /// cell has a larger factor.
+    pub slowdown: Vec<f64>,
+    pub build_groups: Nanos,
+    pub reduce: Nanos,
+    pub update: Nanos,
+    pub broadcast: Nanos,
+}
+
+/// What the simulated harness does with each execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Model calls per execution.
+    pub calls: Span,
+    /// Think and tool time before each call.
+    pub think: Span,
+    pub first_prompt: Span,
+    /// Prompt growth between calls (tool results, new instructions).
+    pub growth: Span,
+    /// Nothing could be run (image pull failed): a dummy.
+    pub p_complete_failure: f64,
+    /// The harness stopped on its own timeout: scored as partial.
+    pub p_harness_timeout: f64,
+    /// The harness crashed after doing some work: scored as partial.
+    pub p_partial_failure: f64,
+    /// The run is so slow it hits the overall timeout.
+    pub p_too_long: f64,
+    /// A call unanswered this long makes the harness give up: a failure
+    /// caused by the serving side, which must never happen.
+    pub call_timeout: Nanos,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalCosts {
+    pub latency: Span,
+    pub p_fail: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Costs {
+    pub engine: EngineCosts,
+    pub memory: MemoryCosts,
+    pub transfer: TransferCosts,
+    pub trainer: TrainerCosts,
+    pub workload: Workload,
+    pub eval: EvalCosts,
+    pub kv_bytes_per_token: u64,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Self {
+            engine: EngineCosts {
+                call_base: Span::new(200 * MILLIS, 2 * SECS),
+                prefill_per_token: 20_000,
+                decode_per_token: 2 * MILLIS,
+                output_tokens: Span::new(50, 800),
+                unload: 500 * MILLIS,
+                load: 1_500 * MILLIS,
+            },
+            memory: MemoryCosts {
+                release: Span::new(500 * MILLIS, 2 * SECS),
+                restore: Span::new(2 * SECS, 6 * SECS),
+                capacity: 100,
+                rollout_bytes: 60,
+                training_bytes: 80,
+            },
+            transfer: TransferCosts {
+                latency: 5 * MILLIS,
+                ns_per_kib: 100,
+                weights_bytes: 8 << 30,
+                publish: Span::new(SECS, 3 * SECS),
+            },
+            trainer: TrainerCosts {
+                warmup: 2 * SECS,
+                drain: 2 * SECS,
+                per_token: 500_000,
+                slowdown: Vec::new(),
+                build_groups: SECS,
+                reduce: SECS,
+                update: 2 * SECS,
+                broadcast: SECS,
+            },
+            workload: Workload {
+                calls: Span::new(1, 4),
+                think: Span::new(SECS, 60 * SECS),
+                first_prompt: Span::new(1_000, 8_000),
+                growth: Span::new(100, 2_000),
+                p_complete_failure: 0.03,
+                p_harness_timeout: 0.05,
+                p_partial_failure: 0.03,
+                p_too_long: 0.01,
+                call_timeout: 300 * SECS,
+            },
+            eval: EvalCosts {
+                latency: Span::new(SECS, 10 * SECS),
+                p_fail: 0.05,
+            },
+            kv_bytes_per_token: 64 << 10,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn spans_draw_within_bounds_either_way_round() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        for _ in 0..100 {
+            let v = Span::new(10, 3).draw(&mut rng);
+            assert!((3..=10).contains(&v));
+        }
+        assert_eq!(Span::fixed(7).draw(&mut rng), 7);
+    }
+}

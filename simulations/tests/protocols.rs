@@ -1,0 +1,740 @@
+//! Protocol-level tests of single actors: each actor runs in the simulator
+//! with probes standing in for every peer and backend, so each test can
+//! drive one protocol step by step and see exactly what the actor sends.
+
+use std::collections::BTreeMap;
+
+use gyre_actors::sched::buffer::{BufferMsg, Resolution, Sample};
+use gyre_actors::sched::cell::{Cell, CellLinks, CellMsg, CellRole, Move};
+use gyre_actors::sched::core::CoreMsg;
+use gyre_actors::sched::execution::ExecMsg;
+use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, GroupId, MicroStepId, SwitchId};
+use gyre_actors::sched::packer::{Packer, PackerConfig, PackerLinks, PackerMsg};
+use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
+use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
+use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
+use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, TransferReq};
+use gyre_actors::sched::proxy::{Proxy, ProxyMsg};
+use gyre_actors::sched::queue::{MicroQueue, MicroStep, QueueMsg};
+use gyre_actors::sched::scheduler::SchedMsg;
+use gyre_runtime::sim::{Sim, SimConfig};
+use gyre_runtime::{ActorId, Addr, External, Message, NodeId};
+
+const TESTER: ActorId = ActorId::new(99, 1);
+
+/// Everything `probe` received since the last look, messages only.
+fn got<M: Message>(sim: &mut Sim, probe: Addr<External<M>>) -> Vec<M> {
+    sim.run().unwrap();
+    sim.take_probe(probe).into_iter().map(|r| r.msg).collect()
+}
+
+/// Types a probe as the actor whose messages it stands in for.
+fn as_actor<A, M>(probe: Addr<External<M>>) -> Addr<A> {
+    Addr::new(probe.id())
+}
+
+fn call(exec: u64, seq: u32) -> CallId {
+    CallId {
+        exec: ExecId(exec),
+        seq,
+    }
+}
+
+struct ProxyRig {
+    sim: Sim,
+    proxy: Addr<Proxy>,
+    a: Addr<External<EngineReq>>,
+    b: Addr<External<EngineReq>>,
+    exec: Addr<External<ExecMsg>>,
+    cell: Addr<External<CellMsg>>,
+}
+
+fn proxy_rig() -> ProxyRig {
+    let mut sim = Sim::new(SimConfig::new(1));
+    let a = sim.probe::<EngineReq>(NodeId(1));
+    let b = sim.probe::<EngineReq>(NodeId(2));
+    let exec = sim.probe::<ExecMsg>(NodeId(3));
+    let cell = sim.probe::<CellMsg>(NodeId(4));
+    let engines = BTreeMap::from([(EngineIx::Cell(0), a), (EngineIx::Cell(1), b)]);
+    let proxy = sim.spawn(NodeId(0), Proxy::new(engines));
+    ProxyRig {
+        sim,
+        proxy,
+        a,
+        b,
+        exec,
+        cell,
+    }
+}
+
+impl ProxyRig {
+    fn call(&mut self, c: CallId) {
+        let reply_to = as_actor(self.exec);
+        self.sim.inject(
+            TESTER,
+            self.proxy,
+            ProxyMsg::Call {
+                call: c,
+                prompt_tokens: 100,
+                reply_to,
+            },
+        );
+    }
+
+    fn reroute(&mut self, exec: u64, to: EngineIx) {
+        let notify = as_actor(self.cell);
+        self.sim.inject(
+            TESTER,
+            self.proxy,
+            ProxyMsg::Reroute {
+                switch: SwitchId(1),
+                moves: vec![(ExecId(exec), to)],
+                notify,
+            },
+        );
+    }
+
+    fn engine(&mut self, event: CallEvent) {
+        self.sim.inject(TESTER, self.proxy, ProxyMsg::Engine(event));
+    }
+}
+
+fn serves(reqs: &[EngineReq]) -> Vec<(CallId, u32)> {
+    reqs.iter()
+        .filter_map(|r| match r {
+            EngineReq::Serve { call, attempt, .. } => Some((*call, *attempt)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn proxy_retries_a_cancelled_call_on_the_new_route_and_answers_once() {
+    let mut r = proxy_rig();
+    let c = call(0, 0);
+    r.sim.inject(
+        TESTER,
+        r.proxy,
+        ProxyMsg::Route {
+            exec: ExecId(0),
+            engine: EngineIx::Cell(0),
+        },
+    );
+    r.call(c);
+    assert_eq!(serves(&got(&mut r.sim, r.a)), vec![(c, 1)]);
+    r.reroute(0, EngineIx::Cell(1));
+    let acks = got(&mut r.sim, r.cell);
+    assert!(matches!(
+        acks[..],
+        [CellMsg::RoutesMoved {
+            switch: SwitchId(1)
+        }]
+    ));
+    r.engine(CallEvent::Cancelled {
+        call: c,
+        attempt: 1,
+    });
+    assert_eq!(serves(&got(&mut r.sim, r.b)), vec![(c, 2)]);
+    assert!(
+        got(&mut r.sim, r.exec).is_empty(),
+        "no error reaches the execution"
+    );
+    // A late answer of the cancelled attempt is ignored; the retry answers.
+    r.engine(CallEvent::Done {
+        call: c,
+        attempt: 1,
+        output_tokens: 1,
+        version: 0,
+    });
+    r.engine(CallEvent::Done {
+        call: c,
+        attempt: 2,
+        output_tokens: 7,
+        version: 0,
+    });
+    let answers = got(&mut r.sim, r.exec);
+    assert_eq!(answers.len(), 1);
+    assert!(matches!(
+        answers[0],
+        ExecMsg::Answer {
+            output_tokens: 7,
+            ..
+        }
+    ));
+    let p = r.sim.actor(r.proxy).unwrap();
+    assert_eq!(p.reroutes().get(&ExecId(0)), Some(&1));
+    assert_eq!((p.stats().retries, p.outstanding()), (1, 0));
+}
+
+#[test]
+fn proxy_holds_a_refused_call_until_the_reroute_arrives() {
+    let mut r = proxy_rig();
+    let c = call(3, 1);
+    // The call arrives before the execution's route: held.
+    r.call(c);
+    assert!(got(&mut r.sim, r.a).is_empty());
+    r.sim.inject(
+        TESTER,
+        r.proxy,
+        ProxyMsg::Route {
+            exec: ExecId(3),
+            engine: EngineIx::Cell(0),
+        },
+    );
+    assert_eq!(serves(&got(&mut r.sim, r.a)), vec![(c, 1)]);
+    // Refused by an engine that stopped admitting, before the reroute: held.
+    r.engine(CallEvent::Rejected {
+        call: c,
+        attempt: 1,
+    });
+    assert!(got(&mut r.sim, r.a).is_empty() && got(&mut r.sim, r.b).is_empty());
+    r.reroute(3, EngineIx::Cell(1));
+    assert_eq!(serves(&got(&mut r.sim, r.b)), vec![(c, 2)]);
+}
+
+#[test]
+fn proxy_forgets_a_closed_execution() {
+    let mut r = proxy_rig();
+    let c = call(4, 0);
+    r.sim.inject(
+        TESTER,
+        r.proxy,
+        ProxyMsg::Route {
+            exec: ExecId(4),
+            engine: EngineIx::Cell(0),
+        },
+    );
+    r.call(c);
+    r.sim
+        .inject(TESTER, r.proxy, ProxyMsg::Forget { exec: ExecId(4) });
+    r.engine(CallEvent::Done {
+        call: c,
+        attempt: 1,
+        output_tokens: 1,
+        version: 0,
+    });
+    assert!(got(&mut r.sim, r.exec).is_empty());
+    // A route that arrives after the close is not resurrected.
+    r.sim.inject(
+        TESTER,
+        r.proxy,
+        ProxyMsg::Route {
+            exec: ExecId(4),
+            engine: EngineIx::Cell(0),
+        },
+    );
+    r.sim.run().unwrap();
+    assert_eq!(r.sim.actor(r.proxy).unwrap().route(ExecId(4)), None);
+}
+
+fn mstep(step: u64, seq: u32) -> MicroStep {
+    MicroStep {
+        id: MicroStepId { step, seq },
+        group: GroupId(0),
+        tokens: 10,
+    }
+}
+
+#[test]
+fn queue_grants_disjoint_micro_steps_parks_claims_and_ends_streams() {
+    let mut sim = Sim::new(SimConfig::new(2));
+    let c0 = sim.probe::<CellMsg>(NodeId(1));
+    let c1 = sim.probe::<CellMsg>(NodeId(2));
+    let packer = sim.probe::<PackerMsg>(NodeId(3));
+    let q = sim.spawn(NodeId(0), MicroQueue::new());
+    let claim = |sim: &mut Sim, cell: u32, to: Addr<External<CellMsg>>| {
+        sim.inject(
+            TESTER,
+            q,
+            QueueMsg::Claim {
+                step: 0,
+                cell,
+                reply_to: as_actor(to),
+            },
+        );
+    };
+    claim(&mut sim, 0, c0); // parks: nothing enqueued yet
+    assert!(got(&mut sim, c0).is_empty());
+    sim.inject(
+        TESTER,
+        q,
+        QueueMsg::Push {
+            step: 0,
+            msteps: vec![mstep(0, 0), mstep(0, 1), mstep(0, 2)],
+            notify: as_actor(packer),
+        },
+    );
+    claim(&mut sim, 1, c1);
+    claim(&mut sim, 0, c0);
+    claim(&mut sim, 1, c1); // parks again: the queue is empty, not closed
+    let mut granted = Vec::new();
+    for m in got(&mut sim, c0).into_iter().chain(got(&mut sim, c1)) {
+        match m {
+            CellMsg::Grant { mstep } => granted.push(mstep.id.seq),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    granted.sort();
+    assert_eq!(granted, vec![0, 1, 2], "each micro-step exactly once");
+    assert_eq!(
+        got(&mut sim, packer).len(),
+        3,
+        "the packer hears of each claim"
+    );
+    sim.inject(TESTER, q, QueueMsg::Close { step: 0, total: 3 });
+    assert!(matches!(
+        got(&mut sim, c1)[..],
+        [CellMsg::StreamEnd { step: 0 }]
+    ));
+    claim(&mut sim, 0, c0);
+    assert!(matches!(
+        got(&mut sim, c0)[..],
+        [CellMsg::StreamEnd { step: 0 }]
+    ));
+    let stats = sim.actor(q).unwrap().stats().clone();
+    assert_eq!((stats.double_grants, stats.bad_closes), (0, 0));
+    assert_eq!(stats.grants.values().sum::<u64>(), 3);
+}
+
+#[test]
+fn packer_takes_oldest_version_first_and_stays_one_batch_ahead() {
+    let mut sim = Sim::new(SimConfig::new(3));
+    let buffer = sim.probe::<BufferMsg>(NodeId(1));
+    let queue = sim.probe::<QueueMsg>(NodeId(2));
+    let core = sim.probe::<CoreMsg>(NodeId(3));
+    let sched = sim.probe::<SchedMsg>(NodeId(4));
+    let packer = sim.spawn(
+        NodeId(0),
+        Packer::new(
+            PackerConfig {
+                batch_groups: 2,
+                micro_tokens: 100,
+                short_micro_steps: 1,
+                streaming: true,
+            },
+            PackerLinks {
+                buffer: as_actor(buffer),
+                queue: as_actor(queue),
+                core: as_actor(core),
+                sched: as_actor(sched),
+            },
+        ),
+    );
+    let takes = |sim: &mut Sim| -> Vec<u64> {
+        got(sim, buffer)
+            .into_iter()
+            .filter_map(|m| match m {
+                BufferMsg::Take { group, .. } => Some(group.0),
+                _ => None,
+            })
+            .collect()
+    };
+    let ready = |sim: &mut Sim, g: u64, v: u64| {
+        sim.inject(
+            TESTER,
+            packer,
+            PackerMsg::Ready {
+                group: GroupId(g),
+                v_d: v,
+            },
+        );
+    };
+    let taken = |sim: &mut Sim, g: u64, v: u64, tokens: u64, valid: bool| {
+        let resolution = if valid {
+            Resolution::Valid {
+                reward: 1.0,
+                partial: false,
+            }
+        } else {
+            Resolution::Dummy
+        };
+        sim.inject(
+            TESTER,
+            packer,
+            PackerMsg::Taken {
+                group: GroupId(g),
+                v_d: v,
+                samples: vec![Sample {
+                    exec: ExecId(g * 10),
+                    resolution,
+                    tokens,
+                }],
+            },
+        );
+    };
+    ready(&mut sim, 9, 0);
+    assert_eq!(takes(&mut sim), vec![9]);
+    taken(&mut sim, 9, 0, 250, true); // three micro-steps: not short any more
+    for (g, v) in [(5, 2), (4, 1), (3, 1)] {
+        ready(&mut sim, g, v);
+    }
+    assert!(takes(&mut sim).is_empty());
+    for seq in 0..3 {
+        sim.inject(
+            TESTER,
+            packer,
+            PackerMsg::Claimed {
+                id: MicroStepId { step: 0, seq },
+                group: GroupId(9),
+            },
+        );
+    }
+    // Short again: the oldest version (1), lowest group first.
+    assert_eq!(takes(&mut sim), vec![3]);
+    taken(&mut sim, 3, 1, 0, false); // a dummy: no micro-steps
+    let to_queue = got(&mut sim, queue);
+    assert!(matches!(
+        to_queue.last(),
+        Some(QueueMsg::Close { step: 0, total: 3 })
+    ));
+    let sealed = got(&mut sim, core);
+    let Some(CoreMsg::BatchSealed {
+        step: 0, groups, ..
+    }) = sealed.first()
+    else {
+        panic!("batch 0 not sealed: {sealed:?}");
+    };
+    assert_eq!(
+        groups.iter().map(|g| g.group.0).collect::<Vec<_>>(),
+        vec![9, 3]
+    );
+    // Batch 1 fills while batch 0 trains...
+    assert_eq!(takes(&mut sim), vec![4]);
+    taken(&mut sim, 4, 1, 50, true);
+    // One micro-step waiting is enough (short = 1) until a cell claims it.
+    assert!(takes(&mut sim).is_empty());
+    sim.inject(
+        TESTER,
+        packer,
+        PackerMsg::Claimed {
+            id: MicroStepId { step: 1, seq: 0 },
+            group: GroupId(4),
+        },
+    );
+    assert_eq!(takes(&mut sim), vec![5]);
+    taken(&mut sim, 5, 2, 0, false);
+    // ...but batch 2 waits until batch 0 is trained.
+    ready(&mut sim, 6, 2);
+    assert!(takes(&mut sim).is_empty());
+    sim.inject(TESTER, packer, PackerMsg::Trained { step: 0 });
+    assert_eq!(takes(&mut sim), vec![6]);
+    let supplies: Vec<u64> = got(&mut sim, sched)
+        .into_iter()
+        .filter_map(|m| match m {
+            SchedMsg::Supply { value, .. } => Some(value),
+            _ => None,
+        })
+        .collect();
+    assert!(!supplies.is_empty() && supplies.iter().all(|v| *v <= 2));
+}
+
+struct CellRig {
+    sim: Sim,
+    cell: Addr<Cell>,
+    engine: Addr<External<EngineReq>>,
+    memory: Addr<External<MemoryReq>>,
+    trainer: Addr<External<TrainerReq>>,
+    transfer: Addr<External<TransferReq>>,
+    sched: Addr<External<SchedMsg>>,
+    core: Addr<External<CoreMsg>>,
+    queue: Addr<External<QueueMsg>>,
+    dest: Addr<External<CellMsg>>,
+}
+
+fn cell_rig() -> CellRig {
+    let mut sim = Sim::new(SimConfig::new(4));
+    let engine = sim.probe::<EngineReq>(NodeId(1));
+    let memory = sim.probe::<MemoryReq>(NodeId(1));
+    let trainer = sim.probe::<TrainerReq>(NodeId(1));
+    let transfer = sim.probe::<TransferReq>(NodeId(2));
+    let sched = sim.probe::<SchedMsg>(NodeId(3));
+    let core = sim.probe::<CoreMsg>(NodeId(3));
+    let queue = sim.probe::<QueueMsg>(NodeId(3));
+    let dest = sim.probe::<CellMsg>(NodeId(4));
+    let links = CellLinks {
+        sched: as_actor(sched),
+        core: as_actor(core),
+        queue: as_actor(queue),
+        engine,
+        trainer: Some(trainer),
+        memory: Some(memory),
+        transfer,
+    };
+    let cell = sim.spawn(NodeId(0), Cell::new(1, links, 1024));
+    CellRig {
+        sim,
+        cell,
+        engine,
+        memory,
+        trainer,
+        transfer,
+        sched,
+        core,
+        queue,
+        dest,
+    }
+}
+
+impl CellRig {
+    fn send(&mut self, msg: impl Into<CellMsg>) {
+        self.sim.inject(TESTER, self.cell, msg.into());
+    }
+
+    fn role(&self) -> CellRole {
+        self.sim.actor(self.cell).unwrap().role()
+    }
+}
+
+#[test]
+fn a_cell_switches_to_training_step_by_step() {
+    let mut r = cell_rig();
+    let sw = SwitchId(1);
+    let dest_cell = as_actor(r.dest);
+    let moves = [7, 8]
+        .map(|e| Move {
+            exec: ExecId(e),
+            dest: EngineIx::Cell(3),
+            dest_cell,
+        })
+        .to_vec();
+    r.send(CellMsg::Switch { switch: sw, moves });
+    // 1. Stop admitting; nothing else until the proxy has the new routes.
+    assert!(matches!(
+        got(&mut r.sim, r.engine)[..],
+        [EngineReq::StopAdmitting { .. }]
+    ));
+    assert_eq!(r.role(), CellRole::Draining);
+    r.send(EngineEvent::AdmissionStopped);
+    assert!(got(&mut r.sim, r.engine).is_empty());
+    // 2–4. Routes in place: pin the displaced executions' blocks, then cancel.
+    r.send(CellMsg::RoutesMoved { switch: sw });
+    let pin = got(&mut r.sim, r.engine);
+    assert!(
+        matches!(&pin[..], [EngineReq::PinKv { execs, .. }] if execs == &[ExecId(7), ExecId(8)])
+    );
+    let kv = KvBlocks {
+        exec: ExecId(7),
+        engine: EngineIx::Cell(1),
+        tokens: 500,
+    };
+    r.send(EngineEvent::KvPinned { blocks: vec![kv] });
+    assert!(matches!(
+        got(&mut r.sim, r.engine)[..],
+        [EngineReq::CancelAll { .. }]
+    ));
+    // After the cancel completed, the destination is offered the blocks.
+    r.send(EngineEvent::CancelComplete { cancelled: 2 });
+    let offers = got(&mut r.sim, r.dest);
+    assert!(matches!(&offers[..], [CellMsg::TakeOver { kv: k, .. }] if *k == kv));
+    assert!(
+        got(&mut r.sim, r.engine).is_empty(),
+        "pins held until acknowledged"
+    );
+    // The destination acknowledges: release, then unload.
+    r.send(CellMsg::TakenOver {
+        switch: sw,
+        exec: ExecId(7),
+    });
+    let after = got(&mut r.sim, r.engine);
+    assert!(matches!(
+        &after[..],
+        [EngineReq::ReleaseKv { execs }, EngineReq::Unload { .. }] if execs == &[ExecId(7)]
+    ));
+    assert_eq!(r.role(), CellRole::Switching);
+    // 5. Rollout memory released, training memory restored, change reported.
+    r.send(EngineEvent::Unloaded);
+    assert!(matches!(
+        got(&mut r.sim, r.memory)[..],
+        [MemoryReq::Release {
+            role: MemRole::Rollout,
+            ..
+        }]
+    ));
+    r.send(MemoryEvent::Released {
+        role: MemRole::Rollout,
+    });
+    assert!(matches!(
+        got(&mut r.sim, r.memory)[..],
+        [MemoryReq::Restore {
+            role: MemRole::Training,
+            ..
+        }]
+    ));
+    r.send(MemoryEvent::Restored {
+        role: MemRole::Training,
+    });
+    assert!(matches!(
+        got(&mut r.sim, r.sched)[..],
+        [SchedMsg::Switched { cell: 1, switch }] if switch == sw
+    ));
+    assert_eq!(r.role(), CellRole::Training);
+}
+
+#[test]
+fn a_training_cell_warms_up_once_drains_once_and_returns_after_its_batch() {
+    let mut r = cell_rig();
+    r.send(CellMsg::Switch {
+        switch: SwitchId(1),
+        moves: vec![],
+    });
+    r.send(EngineEvent::AdmissionStopped);
+    r.send(CellMsg::RoutesMoved {
+        switch: SwitchId(1),
+    });
+    r.send(EngineEvent::KvPinned { blocks: vec![] });
+    r.send(EngineEvent::CancelComplete { cancelled: 0 });
+    r.send(EngineEvent::Unloaded);
+    r.send(MemoryEvent::Released {
+        role: MemRole::Rollout,
+    });
+    r.send(MemoryEvent::Restored {
+        role: MemRole::Training,
+    });
+    r.sim.run().unwrap();
+    r.sim.take_probe(r.engine);
+    r.sim.take_probe(r.memory);
+    r.sim.take_probe(r.sched);
+    // Join: read the core's snapshot of step 4, then report and claim.
+    let snapshot = Segment {
+        id: 1,
+        version: 4,
+        bytes: 1 << 20,
+    };
+    r.send(CellMsg::Batch {
+        step: 4,
+        snapshot: Some(snapshot),
+    });
+    assert!(matches!(
+        got(&mut r.sim, r.transfer)[..],
+        [TransferReq::Read {
+            tag: ReadTag::Snapshot {
+                step: 4,
+                version: 4
+            },
+            ..
+        }]
+    ));
+    r.send(TransferEvent::ReadDone {
+        tag: ReadTag::Snapshot {
+            step: 4,
+            version: 4,
+        },
+    });
+    assert!(matches!(
+        got(&mut r.sim, r.sched)[..],
+        [SchedMsg::Joined { cell: 1, .. }]
+    ));
+    assert!(matches!(
+        got(&mut r.sim, r.queue)[..],
+        [QueueMsg::Claim { step: 4, .. }]
+    ));
+    // The burst ends while the cell computes: the return waits for the batch.
+    r.send(CellMsg::Return {
+        switch: SwitchId(2),
+        version: 5,
+    });
+    for seq in 0..2 {
+        r.send(CellMsg::Grant {
+            mstep: mstep(4, seq),
+        });
+        let reqs = got(&mut r.sim, r.trainer);
+        if seq == 0 {
+            assert!(matches!(reqs[..], [TrainerReq::Warmup { step: 4, .. }]));
+            r.send(TrainerEvent::Warm { step: 4 });
+            assert!(matches!(
+                got(&mut r.sim, r.trainer)[..],
+                [TrainerReq::FwdBwd { .. }]
+            ));
+        } else {
+            assert!(
+                matches!(reqs[..], [TrainerReq::FwdBwd { .. }]),
+                "one warm-up per batch"
+            );
+        }
+        r.send(TrainerEvent::Computed {
+            mstep: mstep(4, seq).id,
+        });
+        assert!(matches!(
+            got(&mut r.sim, r.queue)[..],
+            [QueueMsg::Claim { step: 4, .. }]
+        ));
+    }
+    assert!(got(&mut r.sim, r.memory).is_empty(), "not while computing");
+    r.send(CellMsg::StreamEnd { step: 4 });
+    assert!(matches!(
+        got(&mut r.sim, r.trainer)[..],
+        [TrainerReq::Drain { step: 4, .. }]
+    ));
+    r.send(TrainerEvent::Drained { step: 4 });
+    let done = got(&mut r.sim, r.core);
+    assert!(matches!(
+        &done[..],
+        [CoreMsg::BatchDone { step: 4, cell: 1, consumed }] if consumed.len() == 2
+    ));
+    // Now the deferred return runs: training memory out, rollout memory in,
+    // the published weights loaded.
+    assert!(matches!(
+        got(&mut r.sim, r.memory)[..],
+        [MemoryReq::Release {
+            role: MemRole::Training,
+            ..
+        }]
+    ));
+    r.send(MemoryEvent::Released {
+        role: MemRole::Training,
+    });
+    r.send(MemoryEvent::Restored {
+        role: MemRole::Rollout,
+    });
+    assert!(matches!(
+        got(&mut r.sim, r.engine)[..],
+        [EngineReq::Load { version: 5, .. }]
+    ));
+    r.send(EngineEvent::Loaded { version: 5 });
+    assert!(matches!(
+        got(&mut r.sim, r.sched)[..],
+        [SchedMsg::Returned {
+            cell: 1,
+            switch: SwitchId(2)
+        }]
+    ));
+    assert_eq!(r.role(), CellRole::Rollout);
+    let st = r.sim.actor(r.cell).unwrap().stats();
+    assert_eq!((st.warmups, st.drains, st.unexpected), (1, 1, 0));
+}
+
+#[test]
+fn a_destination_reads_the_blocks_adopts_them_and_acknowledges() {
+    let mut r = cell_rig();
+    let source = r.dest; // any cell-typed probe will do as the source
+    let kv = KvBlocks {
+        exec: ExecId(2),
+        engine: EngineIx::Cell(0),
+        tokens: 300,
+    };
+    r.send(CellMsg::TakeOver {
+        switch: SwitchId(9),
+        kv,
+        source: as_actor(source),
+    });
+    let reads = got(&mut r.sim, r.transfer);
+    let [TransferReq::Read { tag, bytes, .. }] = &reads[..] else {
+        panic!("{reads:?}");
+    };
+    assert_eq!(*bytes, 300 * 1024);
+    r.send(TransferEvent::ReadDone { tag: *tag });
+    assert!(matches!(
+        got(&mut r.sim, r.engine)[..],
+        [EngineReq::AdoptKv {
+            exec: ExecId(2),
+            tokens: 300
+        }]
+    ));
+    assert!(matches!(
+        got(&mut r.sim, source)[..],
+        [CellMsg::TakenOver {
+            switch: SwitchId(9),
+            exec: ExecId(2)
+        }]
+    ));
+}
