@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gyre_actors::sched::buffer::{BufferMsg, Resolution, Sample};
+use gyre_actors::sched::buffer::{BufferMsg, Sample};
 use gyre_actors::sched::cell::{Cell, CellLinks, CellMsg, CellRole, Move};
 use gyre_actors::sched::core::CoreMsg;
 use gyre_actors::sched::execution::ExecMsg;
@@ -17,6 +17,7 @@ use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, Trans
 use gyre_actors::sched::proxy::{Proxy, ProxyMsg};
 use gyre_actors::sched::queue::{MicroQueue, MicroStep, QueueMsg};
 use gyre_actors::sched::scheduler::SchedMsg;
+use gyre_actors::trajectory::scoring::Outcome;
 use gyre_runtime::sim::{Sim, SimConfig};
 use gyre_runtime::{ActorId, Addr, External, Message, NodeId};
 
@@ -340,13 +341,13 @@ fn packer_takes_oldest_version_first_and_stays_one_batch_ahead() {
         );
     };
     let taken = |sim: &mut Sim, g: u64, v: u64, tokens: u64, valid: bool| {
-        let resolution = if valid {
-            Resolution::Valid {
-                reward: 1.0,
+        let outcome = if valid {
+            Outcome::Valid {
+                score: 1.0,
                 partial: false,
             }
         } else {
-            Resolution::Dummy
+            Outcome::Dummy
         };
         sim.inject(
             TESTER,
@@ -356,7 +357,7 @@ fn packer_takes_oldest_version_first_and_stays_one_batch_ahead() {
                 v_d: v,
                 samples: vec![Sample {
                     exec: ExecId(g * 10),
-                    resolution,
+                    outcome,
                     tokens,
                 }],
             },

@@ -1,13 +1,21 @@
 //! The trajectory buffer: execution outcomes, grouped by query.
 //!
-//! A group is ready only when all N of its executions are closed and
-//! resolved (SPEC 3.3): a valid score (a valid zero included, and partial
-//! credit for unfinished work), a zero-reward dummy for a complete failure,
-//! or excluded when no valid reward came within the time budget. Pending
-//! evaluations hold the group back; exclusion does not, since an excluded
-//! execution simply contributes nothing to the loss, and a group that never
-//! became ready would starve boundary dispatch, which dispatches exactly the
-//! groups a burst consumes. Each group is handed to the stream packer once.
+//! A group is ready only when all N of its executions are closed and their
+//! results final (SPEC 3.3), in the trajectory plane's terms
+//! ([`Outcome`], [`group_ready`]): a valid score (a valid zero included,
+//! and partial credit for unfinished work), a zero-reward dummy for a
+//! complete failure, or excluded when no valid reward came within the time
+//! budget. Pending evaluations hold the group back; exclusion does not,
+//! since an excluded execution simply contributes nothing to the loss, and
+//! a group that never became ready would starve boundary dispatch, which
+//! dispatches exactly the groups a burst consumes. A final result is bound
+//! for good: a second one for the same execution is refused. Each group is
+//! handed to the stream packer once.
+//!
+//! The buffer holds what decides readiness and weighting, one small
+//! [`Sample`] per execution; a recorded execution's calls go to the
+//! packer's sample source, where its rows are made, so no trajectory tree
+//! ever travels in a message.
 
 use std::collections::BTreeMap;
 
@@ -16,53 +24,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::sched::ids::{ExecId, GroupId, Version};
 use crate::sched::packer::{Packer, PackerMsg};
-
-/// What an execution contributes to training.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum Resolution {
-    Valid {
-        reward: f64,
-        partial: bool,
-    },
-    /// Placeholder for a complete failure: zero reward, no tokens.
-    Dummy,
-    /// No valid reward within the budget: its trajectories are dropped.
-    Excluded,
-}
-
-/// One execution of a group handed to the packer.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
-    pub exec: ExecId,
-    pub resolution: Resolution,
-    pub tokens: u64,
-}
-
-impl Sample {
-    /// Trainable tokens: only a valid execution's sampled tokens train.
-    pub fn trainable_tokens(&self) -> u64 {
-        match self.resolution {
-            Resolution::Valid { .. } => self.tokens,
-            Resolution::Dummy | Resolution::Excluded => 0,
-        }
-    }
-}
+pub use crate::sched::samples::Sample;
+use crate::trajectory::scoring::{Outcome, group_ready};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum BufferMsg {
     /// The stream packer asks to hear about ready groups.
     Subscribe { packer: Addr<Packer> },
-    /// An evaluation failed and will be retried.
+    /// An evaluation failed and will be retried: one more failed attempt.
     Pending {
         exec: ExecId,
         group: GroupId,
         v_d: Version,
     },
+    /// The evaluator's result for one execution; `tokens` are the output
+    /// tokens the policy sampled (what a count-only source trains).
     Resolved {
         exec: ExecId,
         group: GroupId,
         v_d: Version,
-        resolution: Resolution,
+        outcome: Outcome,
         tokens: u64,
     },
     /// Hand a ready group to the packer.
@@ -82,8 +63,7 @@ pub enum GroupState {
 #[derive(Debug, Clone)]
 struct Entry {
     v_d: Version,
-    /// `None` while the evaluation is pending.
-    execs: BTreeMap<ExecId, Option<Sample>>,
+    execs: BTreeMap<ExecId, Sample>,
     state: GroupState,
 }
 
@@ -96,7 +76,8 @@ pub struct BufferStats {
     pub excluded: u64,
     pub pending_events: u64,
     /// Messages that contradict the protocol (a result for a taken group,
-    /// a take of a group that is not ready).
+    /// a second final result for one execution, a take of a group that is
+    /// not ready).
     pub violations: u64,
 }
 
@@ -108,9 +89,17 @@ pub struct Buffer {
     stats: BufferStats,
 }
 
-/// Whether a group of `n` executions with these slots is ready.
-pub fn group_ready(n: u32, slots: &BTreeMap<ExecId, Option<Sample>>) -> bool {
-    slots.len() as u64 == u64::from(n) && slots.values().all(Option::is_some)
+fn entry(groups: &mut BTreeMap<GroupId, Entry>, group: GroupId, v_d: Version) -> &mut Entry {
+    groups.entry(group).or_insert_with(|| Entry {
+        v_d,
+        execs: BTreeMap::new(),
+        state: GroupState::Filling,
+    })
+}
+
+/// Whether a group of `n` executions with these samples is ready.
+fn is_ready(n: u32, execs: &BTreeMap<ExecId, Sample>) -> bool {
+    execs.len() as u64 == u64::from(n) && group_ready(execs.values().map(|s| &s.outcome))
 }
 
 impl Buffer {
@@ -131,18 +120,64 @@ impl Buffer {
         self.groups.get(&group).map(|e| e.state)
     }
 
-    fn entry(&mut self, group: GroupId, v_d: Version) -> &mut Entry {
-        self.groups.entry(group).or_insert_with(|| Entry {
-            v_d,
-            execs: BTreeMap::new(),
-            state: GroupState::Filling,
-        })
+    /// The result recorded for `exec` of `group`, until the group is taken.
+    pub fn outcome(&self, group: GroupId, exec: ExecId) -> Option<&Outcome> {
+        Some(&self.groups.get(&group)?.execs.get(&exec)?.outcome)
     }
 
     fn announce(&self, group: GroupId, v_d: Version, cx: &mut Cx<'_, Self>) {
         if let Some(p) = self.packer {
             cx.send(p, PackerMsg::Ready { group, v_d });
         }
+    }
+
+    fn pending(&mut self, exec: ExecId, group: GroupId, v_d: Version) {
+        self.stats.pending_events += 1;
+        let e = entry(&mut self.groups, group, v_d);
+        if e.state != GroupState::Filling {
+            self.stats.violations += 1;
+            return;
+        }
+        let slot = e.execs.entry(exec).or_insert(Sample {
+            exec,
+            outcome: Outcome::Pending { attempts: 0 },
+            tokens: 0,
+        });
+        match &mut slot.outcome {
+            Outcome::Pending { attempts } => *attempts += 1,
+            Outcome::Open => slot.outcome = Outcome::Pending { attempts: 1 },
+            _ => self.stats.violations += 1,
+        }
+    }
+
+    /// Records a result; returns whether it made the group ready.
+    fn resolved(&mut self, sample: Sample, group: GroupId, v_d: Version) -> bool {
+        let n = self.group_size;
+        let e = entry(&mut self.groups, group, v_d);
+        let bound = e
+            .execs
+            .get(&sample.exec)
+            .is_some_and(|s| s.outcome.is_final());
+        if e.state != GroupState::Filling || bound {
+            self.stats.violations += 1;
+            return false;
+        }
+        let outcome = sample.outcome.clone();
+        e.execs.insert(sample.exec, sample);
+        let ready = is_ready(n, &e.execs);
+        if ready {
+            e.state = GroupState::Ready;
+        }
+        match outcome {
+            Outcome::Valid { .. } => self.stats.valid += 1,
+            Outcome::Dummy => self.stats.dummies += 1,
+            Outcome::Excluded { .. } => self.stats.excluded += 1,
+            Outcome::Open | Outcome::Pending { .. } => self.stats.pending_events += 1,
+        }
+        if ready {
+            self.stats.ready += 1;
+        }
+        ready
     }
 }
 
@@ -164,65 +199,38 @@ impl Actor for Buffer {
                     self.announce(g, v, cx);
                 }
             }
-            BufferMsg::Pending { exec, group, v_d } => {
-                self.stats.pending_events += 1;
-                let e = self.entry(group, v_d);
-                if e.state == GroupState::Filling {
-                    e.execs.entry(exec).or_insert(None);
-                }
-            }
+            BufferMsg::Pending { exec, group, v_d } => self.pending(exec, group, v_d),
             BufferMsg::Resolved {
                 exec,
                 group,
                 v_d,
-                resolution,
+                outcome,
                 tokens,
             } => {
-                let n = self.group_size;
-                let e = self.entry(group, v_d);
-                if e.state != GroupState::Filling {
-                    self.stats.violations += 1;
-                    return;
-                }
-                e.execs.insert(
+                let sample = Sample {
                     exec,
-                    Some(Sample {
-                        exec,
-                        resolution,
-                        tokens,
-                    }),
-                );
-                let ready = group_ready(n, &e.execs);
-                if ready {
-                    e.state = GroupState::Ready;
-                }
-                match resolution {
-                    Resolution::Valid { .. } => self.stats.valid += 1,
-                    Resolution::Dummy => self.stats.dummies += 1,
-                    Resolution::Excluded => self.stats.excluded += 1,
-                }
-                if ready {
-                    self.stats.ready += 1;
+                    outcome,
+                    tokens,
+                };
+                if self.resolved(sample, group, v_d) {
                     self.announce(group, v_d, cx);
                 }
             }
             BufferMsg::Take { group, reply_to } => {
-                let Some(e) = self.groups.get_mut(&group) else {
+                let Some(e) = self
+                    .groups
+                    .get_mut(&group)
+                    .filter(|e| e.state == GroupState::Ready)
+                else {
                     self.stats.violations += 1;
                     cx.send(reply_to, PackerMsg::NotReady { group });
                     return;
                 };
-                if e.state != GroupState::Ready {
-                    self.stats.violations += 1;
-                    cx.send(reply_to, PackerMsg::NotReady { group });
-                    return;
-                }
                 e.state = GroupState::Taken;
                 self.stats.taken += 1;
-                let samples: Vec<Sample> = e.execs.values().flatten().copied().collect();
-                let v_d = e.v_d;
                 // The samples now live in the packer; keep only the state.
-                e.execs.clear();
+                let samples: Vec<Sample> = std::mem::take(&mut e.execs).into_values().collect();
+                let v_d = e.v_d;
                 cx.send(
                     reply_to,
                     PackerMsg::Taken {
@@ -240,53 +248,94 @@ impl Actor for Buffer {
 mod tests {
     use super::*;
 
-    fn slot(exec: u64, resolution: Option<Resolution>) -> (ExecId, Option<Sample>) {
-        (
-            ExecId(exec),
-            resolution.map(|resolution| Sample {
-                exec: ExecId(exec),
-                resolution,
-                tokens: 10,
-            }),
-        )
-    }
-
-    #[test]
-    fn readiness_needs_every_execution_resolved() {
-        let valid_zero = Resolution::Valid {
-            reward: 0.0,
-            partial: false,
-        };
-        let full: BTreeMap<_, _> = [
-            slot(0, Some(valid_zero)),
-            slot(1, Some(Resolution::Dummy)),
-            slot(2, Some(Resolution::Excluded)),
-        ]
-        .into_iter()
-        .collect();
-        assert!(group_ready(3, &full));
-        // One missing execution: not ready.
-        assert!(!group_ready(4, &full));
-        // A pending evaluation is not a zero: not ready.
-        let pending: BTreeMap<_, _> = [slot(0, Some(valid_zero)), slot(1, None)]
-            .into_iter()
+    fn buffer_with(n: u32, results: &[(u64, Outcome)]) -> (Buffer, Vec<bool>) {
+        let mut b = Buffer::new(n);
+        let ready = results
+            .iter()
+            .map(|(exec, outcome)| {
+                let sample = Sample {
+                    exec: ExecId(*exec),
+                    outcome: outcome.clone(),
+                    tokens: 10,
+                };
+                b.resolved(sample, GroupId(0), 0)
+            })
             .collect();
-        assert!(!group_ready(2, &pending));
+        (b, ready)
+    }
+
+    fn valid_zero() -> Outcome {
+        Outcome::Valid {
+            score: 0.0,
+            partial: false,
+        }
     }
 
     #[test]
-    fn only_valid_outcomes_carry_trainable_tokens() {
-        let s = |resolution| Sample {
+    fn readiness_needs_every_execution_final() {
+        let full = [
+            (0, valid_zero()),
+            (1, Outcome::Dummy),
+            (2, Outcome::Excluded { attempts: 1 }),
+        ];
+        let (b, ready) = buffer_with(3, &full);
+        assert_eq!(ready, vec![false, false, true]);
+        assert_eq!(b.state_of(GroupId(0)), Some(GroupState::Ready));
+        assert_eq!(
+            (b.stats().valid, b.stats().dummies, b.stats().excluded),
+            (1, 1, 1)
+        );
+        // One execution missing: not ready.
+        let (b, _) = buffer_with(4, &full);
+        assert_eq!(b.state_of(GroupId(0)), Some(GroupState::Filling));
+    }
+
+    #[test]
+    fn pending_is_not_a_zero_and_blocks_until_resolved() {
+        let mut b = Buffer::new(2);
+        assert!(!b.resolved(
+            Sample {
+                exec: ExecId(0),
+                outcome: valid_zero(),
+                tokens: 3
+            },
+            GroupId(0),
+            0
+        ));
+        b.pending(ExecId(1), GroupId(0), 0);
+        b.pending(ExecId(1), GroupId(0), 0);
+        assert_eq!(
+            b.outcome(GroupId(0), ExecId(1)),
+            Some(&Outcome::Pending { attempts: 2 })
+        );
+        assert_eq!(b.state_of(GroupId(0)), Some(GroupState::Filling));
+        let late = Sample {
+            exec: ExecId(1),
+            outcome: valid_zero(),
+            tokens: 3,
+        };
+        assert!(b.resolved(late.clone(), GroupId(0), 0));
+        // A second final result is refused, and so is anything once ready.
+        assert!(!b.resolved(late, GroupId(0), 0));
+        b.pending(ExecId(1), GroupId(0), 0);
+        assert_eq!(b.stats().violations, 2);
+        assert_eq!(b.outcome(GroupId(0), ExecId(1)), Some(&valid_zero()));
+    }
+
+    #[test]
+    fn only_outcomes_that_train_carry_trainable_tokens() {
+        let s = |outcome| Sample {
             exec: ExecId(0),
-            resolution,
+            outcome,
             tokens: 42,
         };
-        let partial = Resolution::Valid {
-            reward: 0.5,
+        let partial = Outcome::Valid {
+            score: 0.5,
             partial: true,
         };
         assert_eq!(s(partial).trainable_tokens(), 42);
-        assert_eq!(s(Resolution::Dummy).trainable_tokens(), 0);
-        assert_eq!(s(Resolution::Excluded).trainable_tokens(), 0);
+        assert_eq!(s(Outcome::Dummy).trainable_tokens(), 0);
+        assert_eq!(s(Outcome::Excluded { attempts: 0 }).trainable_tokens(), 0);
+        assert_eq!(s(Outcome::Pending { attempts: 1 }).trainable_tokens(), 0);
     }
 }

@@ -1,14 +1,16 @@
 //! The evaluator: turns a closed execution into a training outcome.
 //!
-//! SPEC 3.3's failure classes, as the buffer will count them:
+//! Each job is the trajectory plane's [`ExecutionScoring`] driven by
+//! messages, so SPEC 3.3 has one implementation:
 //! - a complete failure (nothing was produced) becomes a zero-reward dummy,
 //!   so group counts stay complete;
-//! - an overall timeout or a cancellation leaves no time budget to evaluate
-//!   in: the execution is excluded;
-//! - everything else (completed, harness timeout, partial failure) is scored
-//!   on its preserved state; a failed evaluation is pending, not a zero, and
-//!   is retried on the same state while the execution's time budget lasts,
-//!   after which the execution is excluded.
+//! - everything else is scored on its preserved state, also after a
+//!   timeout or a cancellation (a valid score then carries `partial`); a
+//!   failed evaluation is pending, not a zero, and is retried on the same
+//!   state while the execution's total time budget lasts;
+//! - when the budget runs out with no valid score (an overall timeout
+//!   leaves none at all; a score that arrives late counts as none) the
+//!   execution is excluded.
 //!
 //! The reward comes only from the evaluator backend, never from elapsed time,
 //! length or termination status.
@@ -18,11 +20,14 @@ use std::collections::BTreeMap;
 use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos};
 use serde::{Deserialize, Serialize};
 
-use crate::sched::buffer::{Buffer, BufferMsg, Resolution};
+use crate::sched::buffer::{Buffer, BufferMsg};
 use crate::sched::execution::ExecStatus;
 use crate::sched::ids::{ExecId, GroupId, Version};
 use crate::sched::proto::Port;
 use crate::sched::proto::evaluator::{EvalEvent, EvalReq};
+use crate::trajectory::scoring::{
+    ArtifactRef, EvalResult, Evaluation, ExecutionScoring, Outcome, Termination,
+};
 
 /// A closed execution to evaluate.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -67,12 +72,43 @@ pub struct EvalStats {
     pub excluded: u64,
 }
 
+/// One execution being evaluated.
+#[derive(Debug)]
+struct Job {
+    job: EvalJob,
+    scoring: ExecutionScoring,
+    attempt: u32,
+}
+
+/// How an execution ended, in the scoring module's terms (recorded, never
+/// a reward).
+fn termination(status: ExecStatus) -> Termination {
+    match status {
+        ExecStatus::Completed => Termination::Completed,
+        ExecStatus::Failed { .. } => Termination::Failed,
+        ExecStatus::HarnessTimeout | ExecStatus::OverallTimeout => Termination::TimedOut,
+        ExecStatus::Cancelled => Termination::Cancelled,
+    }
+}
+
+/// The preserved state to evaluate: the execution's final workspace, or
+/// nothing after a complete failure.
+fn artifact(status: ExecStatus) -> Option<ArtifactRef> {
+    match status {
+        ExecStatus::Failed { complete: true } => None,
+        _ => Some(ArtifactRef {
+            version: 0,
+            branch: String::new(),
+        }),
+    }
+}
+
 #[derive(Debug)]
 pub struct Evaluator {
     backend: Port<EvalReq>,
     buffer: Addr<Buffer>,
     retry: Nanos,
-    jobs: BTreeMap<ExecId, (EvalJob, u32)>,
+    jobs: BTreeMap<ExecId, Job>,
     stats: EvalStats,
 }
 
@@ -96,11 +132,12 @@ impl Evaluator {
         self.jobs.len()
     }
 
-    fn resolve(&mut self, job: &EvalJob, resolution: Resolution, cx: &mut Cx<'_, Self>) {
-        match resolution {
-            Resolution::Valid { .. } => self.stats.scored += 1,
-            Resolution::Dummy => self.stats.dummies += 1,
-            Resolution::Excluded => self.stats.excluded += 1,
+    fn resolve(&mut self, job: &EvalJob, outcome: Outcome, cx: &mut Cx<'_, Self>) {
+        match outcome {
+            Outcome::Valid { .. } => self.stats.scored += 1,
+            Outcome::Dummy => self.stats.dummies += 1,
+            Outcome::Excluded { .. } => self.stats.excluded += 1,
+            Outcome::Open | Outcome::Pending { .. } => return,
         }
         cx.send(
             self.buffer,
@@ -108,7 +145,7 @@ impl Evaluator {
                 exec: job.exec,
                 group: job.group,
                 v_d: job.v_d,
-                resolution,
+                outcome,
                 tokens: job.tokens,
             },
         );
@@ -125,6 +162,85 @@ impl Evaluator {
             },
         );
     }
+
+    fn evaluate(&mut self, job: EvalJob, cx: &mut Cx<'_, Self>) {
+        if self.jobs.contains_key(&job.exec) {
+            return;
+        }
+        let now = cx.now();
+        let mut scoring = ExecutionScoring::new(format!("{:?}", job.exec), job.deadline);
+        if scoring
+            .close(termination(job.status), artifact(job.status))
+            .is_err()
+        {
+            return;
+        }
+        // Closed at (or past) the end of its budget: nothing left to score in.
+        scoring.expire(now);
+        if scoring.wants_evaluation(now) {
+            self.jobs.insert(
+                job.exec,
+                Job {
+                    job,
+                    scoring,
+                    attempt: 0,
+                },
+            );
+            self.ask(job.exec, 0, cx);
+        } else {
+            let outcome = scoring.outcome().clone();
+            self.resolve(&job, outcome, cx);
+        }
+    }
+
+    /// Feeds one backend answer to the job's scoring; a final outcome goes
+    /// to the buffer, a pending one is retried while the budget lasts.
+    fn answer(&mut self, exec: ExecId, attempt: u32, result: EvalResult, cx: &mut Cx<'_, Self>) {
+        let now = cx.now();
+        let Some(j) = self.jobs.get_mut(&exec) else {
+            return;
+        };
+        if j.attempt != attempt {
+            return;
+        }
+        let Some(artifact) = j.scoring.designated().cloned() else {
+            return;
+        };
+        let mut failed = matches!(result, EvalResult::EvaluatorFailed { .. });
+        let eval = |result| Evaluation {
+            artifact: artifact.clone(),
+            result,
+            at_ns: now,
+        };
+        let outcome = match j.scoring.on_evaluation(eval(result)) {
+            Ok(o) => o.clone(),
+            Err(error) => {
+                // A score the scoring refuses (not finite) is no score: the
+                // attempt failed.
+                tracing::warn!(?exec, %error, "evaluation refused");
+                failed = true;
+                let failure = EvalResult::EvaluatorFailed {
+                    reason: error.to_string(),
+                };
+                match j.scoring.on_evaluation(eval(failure)) {
+                    Ok(o) => o.clone(),
+                    Err(_) => return,
+                }
+            }
+        };
+        if failed {
+            self.stats.failed_attempts += 1;
+        }
+        if outcome.is_final() {
+            if let Some(j) = self.jobs.remove(&exec) {
+                self.resolve(&j.job, outcome, cx);
+            }
+            return;
+        }
+        let (group, v_d, left) = (j.job.group, j.job.v_d, j.job.deadline.saturating_sub(now));
+        cx.send(self.buffer, BufferMsg::Pending { exec, group, v_d });
+        cx.set_timer(EvalTimer::Retry(exec), self.retry.min(left));
+    }
 }
 
 impl Actor for Evaluator {
@@ -133,64 +249,41 @@ impl Actor for Evaluator {
 
     fn on_msg(&mut self, _from: ActorId, msg: EvaluatorMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            EvaluatorMsg::Evaluate(job) => match job.status {
-                ExecStatus::Failed { complete: true } => self.resolve(&job, Resolution::Dummy, cx),
-                ExecStatus::OverallTimeout | ExecStatus::Cancelled => {
-                    self.resolve(&job, Resolution::Excluded, cx)
-                }
-                _ => {
-                    if self.jobs.contains_key(&job.exec) {
-                        return;
-                    }
-                    self.jobs.insert(job.exec, (job, 0));
-                    self.ask(job.exec, 0, cx);
-                }
-            },
+            EvaluatorMsg::Evaluate(job) => self.evaluate(job, cx),
             EvaluatorMsg::Backend(EvalEvent::Scored {
                 exec,
                 attempt,
                 reward,
             }) => {
-                if self.jobs.get(&exec).is_none_or(|(_, a)| *a != attempt) {
-                    return;
-                }
-                if let Some((job, _)) = self.jobs.remove(&exec) {
-                    let partial = job.status != ExecStatus::Completed;
-                    self.resolve(&job, Resolution::Valid { reward, partial }, cx);
-                }
+                let result = EvalResult::Scored {
+                    score: reward as f32,
+                };
+                self.answer(exec, attempt, result, cx);
             }
             EvaluatorMsg::Backend(EvalEvent::Failed { exec, attempt }) => {
-                let Some((job, a)) = self.jobs.get(&exec).copied() else {
-                    return;
+                let result = EvalResult::EvaluatorFailed {
+                    reason: "evaluator backend failed".to_owned(),
                 };
-                if a != attempt {
-                    return;
-                }
-                self.stats.failed_attempts += 1;
-                if cx.now().saturating_add(self.retry) <= job.deadline {
-                    cx.send(
-                        self.buffer,
-                        BufferMsg::Pending {
-                            exec,
-                            group: job.group,
-                            v_d: job.v_d,
-                        },
-                    );
-                    cx.set_timer(EvalTimer::Retry(exec), self.retry);
-                } else {
-                    self.jobs.remove(&exec);
-                    self.resolve(&job, Resolution::Excluded, cx);
-                }
+                self.answer(exec, attempt, result, cx);
             }
         }
     }
 
     fn on_timer(&mut self, timer: EvalTimer, cx: &mut Cx<'_, Self>) {
         let EvalTimer::Retry(exec) = timer;
-        if let Some((_, attempt)) = self.jobs.get_mut(&exec) {
-            *attempt += 1;
-            let a = *attempt;
+        let now = cx.now();
+        let Some(j) = self.jobs.get_mut(&exec) else {
+            return;
+        };
+        if j.scoring.wants_evaluation(now) {
+            j.attempt += 1;
+            let a = j.attempt;
             self.ask(exec, a, cx);
+            return;
+        }
+        let outcome = j.scoring.expire(now).clone();
+        if let Some(j) = self.jobs.remove(&exec) {
+            self.resolve(&j.job, outcome, cx);
         }
     }
 }

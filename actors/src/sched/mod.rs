@@ -9,7 +9,8 @@
 //!   device memory, transfer engine, harness, evaluator) as its own small
 //!   protocol; simulated and live implementations answer the same messages.
 //! - the actors: [`scheduler`], [`cell`], [`proxy`], [`execution`],
-//!   [`evaluator`], [`buffer`], [`packer`], [`queue`] and [`core`].
+//!   [`evaluator`], [`buffer`], [`packer`], [`queue`] and [`core`];
+//!   [`samples`] is where the packer's rows come from.
 
 pub mod buffer;
 pub mod cell;
@@ -23,6 +24,7 @@ pub mod packer;
 pub mod proto;
 pub mod proxy;
 pub mod queue;
+pub mod samples;
 pub mod scheduler;
 
 pub use config::{ConfigError, DispatchMode, Policy, SchedConfig};

@@ -1,7 +1,7 @@
 //! The stream packer: from ready groups to micro-steps, one batch at a time.
 //!
 //! When the queue runs short it takes one ready group from the trajectory
-//! buffer, oldest policy version first, materialises its trainable rows,
+//! buffer, oldest policy version first, materialises its admitted rows,
 //! reorders and packs them into micro-steps and enqueues them. It selects
 //! the batch's B groups incrementally and closes the stream only after all
 //! their micro-steps are enqueued (SPEC 2.6). Without streaming it waits
@@ -12,19 +12,32 @@
 //! where the scheduler's supply check reads from: the ready, unclaimed
 //! groups (ready in the buffer, or taken and not yet claimed by training),
 //! capped at what the batch in training still needs.
+//!
+//! Rows come from a [`SampleSource`]: token counts in the simulator, or each
+//! execution's trajectory tree, built here from the proxy's TITO records, in
+//! a real run (see [`crate::sched::samples`]). Large payloads never travel
+//! in messages: the trees stay here from the first record to admission, and
+//! the queue and the training cells see micro-step descriptors (id, group,
+//! token count) whose id is the handle of the token rows kept here until the
+//! batch is trained. A live trainer reads them by that handle (through the
+//! transfer engine across processes; [`Packer::payload`] in process).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::sched::buffer::{Buffer, BufferMsg, Sample};
+use crate::sched::buffer::{Buffer, BufferMsg};
 use crate::sched::core::{Core, CoreMsg, TrainedGroup};
-use crate::sched::ids::{GroupId, MicroStepId, Step, Version};
-use crate::sched::maths::packing::pack;
+use crate::sched::ids::{ExecId, GroupId, MicroStepId, Step, Version};
 use crate::sched::maths::supply::supply;
 use crate::sched::queue::{MicroQueue, MicroStep, QueueMsg};
+use crate::sched::samples::{Counted, GroupCtx, Sample, SampleSource, plan_group};
 use crate::sched::scheduler::{SchedMsg, Scheduler};
+use crate::trajectory::TitoRecord;
+use crate::trajectory::objective::ObjectiveConfig;
+use crate::trajectory::packing::{RowChunk, TokenRow};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum PackerMsg {
@@ -42,6 +55,13 @@ pub enum PackerMsg {
     Claimed { id: MicroStepId, group: GroupId },
     /// From the core: the update of `step` is done.
     Trained { step: Step },
+    /// From the proxy: one recorded model call of `exec`, for a recorded
+    /// sample source. Records must arrive before the group is taken.
+    Record {
+        exec: ExecId,
+        group: GroupId,
+        record: Box<TitoRecord>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +95,27 @@ impl Taken {
     }
 }
 
+/// The token rows behind one micro-step descriptor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Payload<'a> {
+    pub group: GroupId,
+    /// Every row of the group; `chunks` index them.
+    pub rows: &'a [TokenRow],
+    pub chunks: &'a [RowChunk],
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PackerStats {
+    /// Records taken into the sample source.
+    pub records: u64,
+    /// Records the source refused (bad record, count-only source).
+    pub rejected_records: u64,
+    /// Records of a group already taken: its rows were frozen without them.
+    pub late_records: u64,
+    /// Executions (or whole groups) whose rows could not be made.
+    pub sample_errors: u64,
+}
+
 #[derive(Debug)]
 pub struct Packer {
     cfg: PackerConfig,
@@ -91,6 +132,17 @@ pub struct Packer {
     taken: BTreeMap<GroupId, Taken>,
     msteps: Vec<MicroStepId>,
     last_supply: Option<u64>,
+    source: Box<dyn SampleSource>,
+    objective: ObjectiveConfig,
+    /// Seeds admission; drawn from this actor's random stream at start.
+    seed: u64,
+    /// Executions already in the batch being filled.
+    batch_execs: u32,
+    /// Token rows of taken groups whose batch is not trained yet.
+    rows: BTreeMap<GroupId, Vec<TokenRow>>,
+    /// What each micro-step holds of its group's rows.
+    chunks: BTreeMap<MicroStepId, (GroupId, Vec<RowChunk>)>,
+    stats: PackerStats,
 }
 
 impl Packer {
@@ -106,7 +158,45 @@ impl Packer {
             taken: BTreeMap::new(),
             msteps: Vec::new(),
             last_supply: None,
+            source: Box::new(Counted),
+            objective: ObjectiveConfig::default(),
+            seed: 0,
+            batch_execs: 0,
+            rows: BTreeMap::new(),
+            chunks: BTreeMap::new(),
+            stats: PackerStats::default(),
         }
+    }
+
+    /// Trains from `source` instead of the evaluator's token counts.
+    pub fn with_source(mut self, source: Box<dyn SampleSource>) -> Self {
+        self.source = source;
+        self
+    }
+
+    pub fn with_objective(mut self, objective: ObjectiveConfig) -> Self {
+        self.objective = objective;
+        self
+    }
+
+    pub fn stats(&self) -> PackerStats {
+        self.stats
+    }
+
+    pub fn source(&self) -> &dyn SampleSource {
+        self.source.as_ref()
+    }
+
+    /// The token rows behind a micro-step while its batch is untrained;
+    /// `None` for a count-only source, which has no tokens.
+    pub fn payload(&self, id: MicroStepId) -> Option<Payload<'_>> {
+        let (group, chunks) = self.chunks.get(&id)?;
+        let rows = self.rows.get(group)?;
+        Some(Payload {
+            group: *group,
+            rows,
+            chunks,
+        })
     }
 
     /// The batch being filled.
@@ -175,16 +265,43 @@ impl Packer {
     }
 
     fn take_in(&mut self, group: GroupId, v_d: Version, samples: &[Sample], cx: &mut Cx<'_, Self>) {
-        let rows: Vec<u64> = samples.iter().map(Sample::trainable_tokens).collect();
+        let ctx = GroupCtx {
+            first_execution: self.batch_execs,
+            batch_executions: u64::from(self.cfg.batch_groups) * samples.len() as u64,
+            budget: u32::try_from(self.cfg.micro_tokens)
+                .unwrap_or(u32::MAX)
+                .max(1),
+            seed: self.seed,
+            objective: self.objective,
+        };
+        let plan = plan_group(self.source.as_mut(), samples, &ctx);
+        self.batch_execs = self
+            .batch_execs
+            .saturating_add(u32::try_from(samples.len()).unwrap_or(u32::MAX));
+        for error in &plan.errors {
+            self.stats.sample_errors += 1;
+            tracing::warn!(?group, %error, "part of a group trains nothing");
+        }
         let step = self.step;
-        let mut msteps = Vec::new();
-        for tokens in pack(&rows, self.cfg.micro_tokens) {
+        let keep_rows = !plan.rows.is_empty();
+        let mut msteps = Vec::with_capacity(plan.steps.len());
+        for packed in plan.steps {
             let id = MicroStepId {
                 step,
                 seq: self.msteps.len() as u32,
             };
             self.msteps.push(id);
-            msteps.push(MicroStep { id, group, tokens });
+            msteps.push(MicroStep {
+                id,
+                group,
+                tokens: u64::from(packed.tokens),
+            });
+            if keep_rows {
+                self.chunks.insert(id, (group, packed.chunks));
+            }
+        }
+        if keep_rows {
+            self.rows.insert(group, plan.rows);
         }
         let n = msteps.len() as u32;
         self.taken.insert(
@@ -198,7 +315,7 @@ impl Packer {
         self.selected.push(TrainedGroup {
             group,
             v_d,
-            tokens: rows.iter().sum(),
+            tokens: plan.targets,
             micro_steps: n,
         });
         if !msteps.is_empty() {
@@ -214,6 +331,21 @@ impl Packer {
         }
         if self.selected.len() as u64 >= u64::from(self.cfg.batch_groups) {
             self.seal(cx);
+        }
+    }
+
+    fn record(&mut self, exec: ExecId, group: GroupId, record: &TitoRecord) {
+        if self.taken.contains_key(&group) {
+            self.stats.late_records += 1;
+            tracing::warn!(?exec, ?group, call = %record.call_id, "record after its group was taken");
+            return;
+        }
+        match self.source.record(exec, record) {
+            Ok(()) => self.stats.records += 1,
+            Err(error) => {
+                self.stats.rejected_records += 1;
+                tracing::warn!(%error, "record rejected");
+            }
         }
     }
 
@@ -233,6 +365,7 @@ impl Packer {
             },
         );
         self.step += 1;
+        self.batch_execs = 0;
     }
 }
 
@@ -241,6 +374,7 @@ impl Actor for Packer {
     type Timer = ();
 
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
+        self.seed = cx.rng().random();
         let packer = cx.me();
         cx.send(self.links.buffer, BufferMsg::Subscribe { packer });
         self.report(cx);
@@ -277,7 +411,14 @@ impl Actor for Packer {
                 self.trained = self.trained.max(step + 1);
                 let trained = self.trained;
                 self.taken.retain(|_, t| t.step >= trained);
+                self.rows.retain(|g, _| self.taken.contains_key(g));
+                self.chunks.retain(|id, _| id.step >= trained);
             }
+            PackerMsg::Record {
+                exec,
+                group,
+                record,
+            } => self.record(exec, group, &record),
         }
         self.maybe_take(cx);
         self.report(cx);

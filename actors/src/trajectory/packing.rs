@@ -123,24 +123,32 @@ pub enum PackingError {
 
 /// Packs rows into micro-steps of at most `budget` tokens. Deterministic.
 pub fn pack(rows: &[TokenRow], budget: u32) -> Result<Vec<MicroStep>, PackingError> {
+    let lengths: Vec<u64> = rows.iter().map(|r| r.len() as u64).collect();
+    pack_lengths(&lengths, budget)
+}
+
+/// [`pack`] on row lengths alone: chunk `row` indices refer to `lengths`.
+/// A simulator that keeps no per-token state packs with exactly the
+/// algorithm a real run uses.
+pub fn pack_lengths(lengths: &[u64], budget: u32) -> Result<Vec<MicroStep>, PackingError> {
     if budget == 0 {
         return Err(PackingError::ZeroBudget);
     }
-    let mut order: Vec<usize> = (0..rows.len()).filter(|&r| !rows[r].is_empty()).collect();
-    for &r in &order {
-        if u32::try_from(rows[r].len()).is_err() {
-            return Err(PackingError::RowTooLong {
-                row: r,
-                len: rows[r].len(),
-            });
+    let mut order: Vec<(usize, u32)> = Vec::with_capacity(lengths.len());
+    for (r, &len) in lengths.iter().enumerate() {
+        let len = u32::try_from(len).map_err(|_| PackingError::RowTooLong {
+            row: r,
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+        })?;
+        if len > 0 {
+            order.push((r, len));
         }
     }
-    order.sort_by_key(|&r| (std::cmp::Reverse(rows[r].len()), r));
+    order.sort_by_key(|&(r, len)| (std::cmp::Reverse(len), r));
     let mut steps: Vec<MicroStep> = Vec::new();
     // Pieces left after the full chunks: (row, start, end, first allowed step).
     let mut rest = Vec::new();
-    for &r in &order {
-        let len = rows[r].len() as u32;
+    for &(r, len) in &order {
         let mut start = 0;
         let mut min_step = 0;
         while len - start >= budget {
@@ -264,5 +272,19 @@ mod tests {
         assert!(where_is(0, 0) < where_is(0, 10));
         assert!(where_is(0, 10) < where_is(0, 20));
         assert_eq!(pack(&rows, 0), Err(PackingError::ZeroBudget));
+    }
+
+    #[test]
+    fn lengths_pack_exactly_like_rows() {
+        let rows = vec![row(25), row(0), row(3), row(7), row(10)];
+        let lengths: Vec<u64> = rows.iter().map(|r| r.len() as u64).collect();
+        assert_eq!(
+            pack(&rows, 10).unwrap(),
+            pack_lengths(&lengths, 10).unwrap()
+        );
+        assert!(matches!(
+            pack_lengths(&[1, u64::from(u32::MAX) + 1], 10),
+            Err(PackingError::RowTooLong { row: 1, .. })
+        ));
     }
 }

@@ -265,8 +265,8 @@ impl ExecutionScoring {
 }
 
 /// A group is ready when no member is open or pending.
-pub fn group_ready(outcomes: &[Outcome]) -> bool {
-    outcomes.iter().all(Outcome::is_final)
+pub fn group_ready<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>) -> bool {
+    outcomes.into_iter().all(Outcome::is_final)
 }
 
 #[cfg(test)]
