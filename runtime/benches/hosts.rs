@@ -6,6 +6,8 @@
 //! tokio host in one process, Gyre actors in the actix adapter, and the same
 //! workloads written directly against actix. Criterion reports elements
 //! (messages) per second; README.md quotes the medians and their ratios.
+//! A last group times what a live row pays per iteration besides messages
+//! (node start, spawns, shutdown), to show that it is not what they measure.
 
 use std::time::Duration;
 
@@ -444,5 +446,39 @@ fn fan_out(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, ping_pong, fan_out);
+/// What the live rows pay per iteration besides messages: starting a node
+/// (its actor thread and runtime), spawning the fan-out's 65 actors, and
+/// shutting it all down again.
+fn live_node_overhead(c: &mut Criterion) {
+    let mut g = c.benchmark_group("live_node_overhead");
+    g.measurement_time(Duration::from_secs(2));
+    g.sample_size(10);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    g.bench_function("start_spawn_65_shutdown", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let node = LiveNode::start(LiveConfig::local(NodeId(0), 1))
+                    .await
+                    .expect("local node starts");
+                let (done, _rx) = node.probe::<u64>(4);
+                for _ in 0..FAN_OUT_LEAVES {
+                    node.spawn(Leaf);
+                }
+                node.spawn(Hub {
+                    leaves: Vec::new(),
+                    waiting: 0,
+                    round: 0,
+                    done,
+                });
+                node.shutdown().await;
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, ping_pong, fan_out, live_node_overhead);
 criterion_main!(benches);

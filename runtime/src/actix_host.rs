@@ -52,7 +52,12 @@ impl actix::Message for Envelope {
     type Result = ();
 }
 
-type Route = Arc<dyn Fn(ActorId, BoxMsg) + Send + Sync>;
+/// Delivers a message to one destination; false when the destination is
+/// gone (the message is then dropped).
+type Route = Arc<dyn Fn(ActorId, BoxMsg) -> bool + Send + Sync>;
+
+/// Routes a hosted actor remembers before it starts over.
+const ROUTE_CACHE_LIMIT: usize = 1024;
 
 struct Shared {
     node: NodeId,
@@ -115,12 +120,20 @@ impl ActixGyre {
             let me = ctx.address();
             gyre.shared.routes.insert(
                 id,
-                Arc::new(move |from, msg| me.do_send(Envelope { from, msg })),
+                Arc::new(move |from, msg| {
+                    let alive = me.connected();
+                    if alive {
+                        me.do_send(Envelope { from, msg });
+                    }
+                    alive
+                }),
             );
             GyreActix {
                 inner,
                 gyre,
                 timers: FxHashMap::default(),
+                routes: FxHashMap::default(),
+                effects: Vec::new(),
                 stopped: false,
             }
         })
@@ -131,6 +144,9 @@ impl ActixGyre {
     pub fn external<M: Message>(&self, recipient: Recipient<Tell<M>>) -> Addr<External<M>> {
         let id = self.shared.alloc(self.shared.node);
         let route: Route = Arc::new(move |from, msg: BoxMsg| {
+            if !recipient.connected() {
+                return false;
+            }
             let got = msg.type_name();
             match msg.into_any().downcast::<M>() {
                 Ok(msg) => recipient.do_send(Tell { from, msg: *msg }),
@@ -141,6 +157,7 @@ impl ActixGyre {
                     "mistyped message to an external actix recipient dropped"
                 ),
             }
+            true
         });
         self.shared.routes.insert(id, route);
         Addr::new(id)
@@ -160,12 +177,44 @@ impl ActixGyre {
     fn route(&self, from: ActorId, to: ActorId, msg: BoxMsg) {
         let route = self.shared.routes.get(&to).map(|r| Arc::clone(r.value()));
         match route {
-            Some(route) => route(from, msg),
-            None => {
-                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%from, %to, ?msg, "message to an unknown actor dropped");
+            Some(route) => {
+                if !route(from, msg) {
+                    self.count_dropped(from, to);
+                }
             }
+            None => self.count_dropped(from, to),
         }
+    }
+
+    /// Sends through `cache` (a hosted actor's), which saves the shared
+    /// table's lock and reference count on every send to a known address.
+    fn route_cached(
+        &self,
+        cache: &mut FxHashMap<ActorId, Route>,
+        from: ActorId,
+        to: ActorId,
+        msg: BoxMsg,
+    ) {
+        if !cache.contains_key(&to) {
+            let Some(route) = self.shared.routes.get(&to).map(|r| Arc::clone(r.value())) else {
+                self.count_dropped(from, to);
+                return;
+            };
+            if cache.len() >= ROUTE_CACHE_LIMIT {
+                cache.clear();
+            }
+            cache.insert(to, route);
+        }
+        let delivered = cache.get(&to).is_some_and(|route| route(from, msg));
+        if !delivered {
+            cache.remove(&to);
+            self.count_dropped(from, to);
+        }
+    }
+
+    fn count_dropped(&self, from: ActorId, to: ActorId) {
+        self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%from, %to, "message to an unknown or stopped actor dropped");
     }
 
     fn now(&self) -> Nanos {
@@ -204,6 +253,10 @@ pub struct GyreActix {
     inner: Box<dyn DynActor>,
     gyre: ActixGyre,
     timers: FxHashMap<u64, SpawnHandle>,
+    /// Routes this actor has sent on.
+    routes: FxHashMap<ActorId, Route>,
+    /// The effects of the handler that just ran (kept for its capacity).
+    effects: Vec<Effect>,
     stopped: bool,
 }
 
@@ -216,7 +269,7 @@ impl GyreActix {
         if self.stopped {
             return;
         }
-        let mut effects = Vec::new();
+        let mut effects = std::mem::take(&mut self.effects);
         let gyre = &self.gyre;
         let read = || gyre.now();
         let mut env = Env {
@@ -226,14 +279,15 @@ impl GyreActix {
             ids: &*self.gyre.shared,
         };
         f(self.inner.as_mut(), &mut env);
-        self.apply(effects, ctx);
+        self.apply(&mut effects, ctx);
+        self.effects = effects;
     }
 
-    fn apply(&mut self, effects: Vec<Effect>, ctx: &mut Context<Self>) {
+    fn apply(&mut self, effects: &mut Vec<Effect>, ctx: &mut Context<Self>) {
         let me = self.inner.id();
-        for effect in effects {
+        for effect in effects.drain(..) {
             match effect {
-                Effect::Send { to, msg } => self.gyre.route(me, to, msg),
+                Effect::Send { to, msg } => self.gyre.route_cached(&mut self.routes, me, to, msg),
                 Effect::SetTimer { token, after } => {
                     let handle = ctx.run_later(to_duration(after), move |act, ctx| {
                         act.timers.remove(&token);

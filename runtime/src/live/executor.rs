@@ -1,96 +1,135 @@
-//! Where actor tasks run: on dedicated single-threaded runtimes owned by
-//! the node (the default), or on the runtime that started the node.
+//! Where the node's drivers run: on dedicated single-threaded runtimes
+//! owned by the node (the default), or as tasks on the runtime that started
+//! the node.
 //!
-//! Messages between actors are tiny and handlers are short, so the cost of
-//! a message is dominated by scheduling. On a work-stealing runtime two
-//! actors that talk to each other keep getting woken on different threads;
-//! on a dedicated thread a message is a queue push and a local wake, the way
-//! actix runs each arbiter. With several threads, actors are spread over
-//! them by id, round-robin. Connections and the I/O worker pool are not
-//! affected: they stay on the caller's runtime and the blocking pool.
+//! Each driver runs a share of the actors, assigned by id (round-robin), on
+//! one thread at a time, the way actix runs each arbiter: actors that talk
+//! to each other on one driver never cross threads. With `actor_threads =
+//! 0` there is one driver per worker of the caller's runtime, so actors
+//! still spread over its threads. Connections and the I/O worker pool are
+//! not affected: they stay on the caller's runtime and the blocking pool.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::runtime::{Builder, Handle};
+use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use crate::id::{ActorId, NodeId};
 
+use super::driver::{Driver, DriverTx, Inject};
 use super::lock;
+use super::node::NodeInner;
 
 /// How long a dedicated runtime waits for I/O still running on its
 /// blocking pool when the node shuts down; that I/O's result is dropped.
 const BLOCKING_GRACE: Duration = Duration::from_millis(100);
 
-pub(crate) enum Executor {
-    Shared(Handle),
-    Dedicated {
-        handles: Vec<Handle>,
-        stops: Mutex<Vec<oneshot::Sender<()>>>,
-        threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    },
+pub(crate) struct Executor {
+    node: NodeId,
+    drivers: Vec<DriverTx>,
+    /// The drivers' receivers and runtimes until [`Executor::launch`].
+    unlaunched: Mutex<Vec<(UnboundedReceiver<Inject>, Option<Runtime>)>>,
+    shared: Option<Handle>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Dedicated threads, each with the signal that its driver and
+    /// runtime are done (all that is left of it is the thread's exit).
+    threads: Mutex<Vec<(std::thread::JoinHandle<()>, oneshot::Receiver<()>)>>,
 }
 
 impl Executor {
-    /// `threads == 0` shares `caller`; otherwise starts that many threads.
+    /// `threads == 0` shares `caller`; otherwise builds that many runtimes.
     pub fn new(caller: Handle, threads: usize, node: NodeId) -> std::io::Result<Self> {
-        if threads == 0 {
-            return Ok(Executor::Shared(caller));
+        let count = if threads == 0 {
+            caller.metrics().num_workers().max(1)
+        } else {
+            threads
+        };
+        let mut drivers = Vec::with_capacity(count);
+        let mut unlaunched = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (tx, rx) = unbounded_channel();
+            let rt = if threads == 0 {
+                None
+            } else {
+                Some(
+                    Builder::new_current_thread()
+                        .enable_all()
+                        .thread_name(format!("gyre-{node}-io"))
+                        .build()?,
+                )
+            };
+            drivers.push(tx);
+            unlaunched.push((rx, rt));
         }
-        let mut handles = Vec::with_capacity(threads);
-        let mut stops = Vec::with_capacity(threads);
-        let mut joins = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let rt = Builder::new_current_thread()
-                .enable_all()
-                .thread_name(format!("gyre-{node}-io"))
-                .build()?;
-            handles.push(rt.handle().clone());
-            let (stop, stopped) = oneshot::channel::<()>();
-            stops.push(stop);
-            let join = std::thread::Builder::new()
-                .name(format!("gyre-{node}-actors-{i}"))
-                .spawn(move || {
-                    rt.block_on(async {
-                        let _ = stopped.await;
-                    });
-                    rt.shutdown_timeout(BLOCKING_GRACE);
-                })?;
-            joins.push(join);
-        }
-        Ok(Executor::Dedicated {
-            handles,
-            stops: Mutex::new(stops),
-            threads: Mutex::new(joins),
+        Ok(Executor {
+            node,
+            drivers,
+            unlaunched: Mutex::new(unlaunched),
+            shared: (threads == 0).then_some(caller),
+            tasks: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
         })
     }
 
-    /// The runtime actor `id` runs on.
-    pub fn for_actor(&self, id: ActorId) -> &Handle {
-        match self {
-            Executor::Shared(handle) => handle,
-            Executor::Dedicated { handles, .. } => {
-                let i = usize::try_from(id.local % handles.len() as u64).unwrap_or(0);
-                &handles[i]
+    /// Starts the drivers of `inner` (whose executor this is).
+    pub fn launch(&self, inner: &Arc<NodeInner>) -> std::io::Result<()> {
+        let unlaunched = std::mem::take(&mut *lock(&self.unlaunched));
+        for (num, (rx, rt)) in unlaunched.into_iter().enumerate() {
+            let driver = Driver::new(Arc::clone(inner), num, self.drivers[num].clone(), rx);
+            match (rt, &self.shared) {
+                (Some(rt), _) => {
+                    let (done, ended) = oneshot::channel::<()>();
+                    let join = std::thread::Builder::new()
+                        .name(format!("gyre-{}-actors-{num}", self.node))
+                        .spawn(move || {
+                            rt.block_on(driver.run());
+                            rt.shutdown_timeout(BLOCKING_GRACE);
+                            let _ = done.send(());
+                        })?;
+                    lock(&self.threads).push((join, ended));
+                }
+                (None, Some(handle)) => lock(&self.tasks).push(handle.spawn(driver.run())),
+                (None, None) => {
+                    return Err(std::io::Error::other(
+                        "a driver has neither a runtime nor a thread",
+                    ));
+                }
             }
         }
+        Ok(())
     }
 
-    /// Stops the dedicated threads (after every actor task has ended) and
-    /// joins them.
+    /// The number of the driver that runs actor `id`.
+    pub fn driver_num(&self, id: ActorId) -> usize {
+        usize::try_from(id.local % self.drivers.len() as u64).unwrap_or(0)
+    }
+
+    /// The inject queue of the driver that runs actor `id`.
+    pub fn driver(&self, id: ActorId) -> &DriverTx {
+        &self.drivers[self.driver_num(id)]
+    }
+
+    /// Waits for every driver to end (the node's shutdown token stops
+    /// them), which drops every actor, and joins the dedicated threads.
     pub async fn stop(&self) {
-        let Executor::Dedicated { stops, threads, .. } = self else {
-            return;
-        };
-        for stop in std::mem::take(&mut *lock(stops)) {
-            let _ = stop.send(());
+        let tasks = std::mem::take(&mut *lock(&self.tasks));
+        for task in tasks {
+            if let Err(err) = task.await
+                && err.is_panic()
+            {
+                tracing::error!("an actor driver panicked");
+            }
         }
-        let joins = std::mem::take(&mut *lock(threads));
-        let joined =
-            tokio::task::spawn_blocking(move || joins.into_iter().all(|j| j.join().is_ok())).await;
-        if !matches!(joined, Ok(true)) {
-            tracing::error!("an actor thread panicked");
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for (join, ended) in threads {
+            // Awaited rather than joined on the blocking pool: the join
+            // below then only waits for the thread's last instructions.
+            if ended.await.is_err() || join.join().is_err() {
+                tracing::error!("an actor thread panicked");
+            }
         }
     }
 }

@@ -1,11 +1,17 @@
 //! Where a message for a local address goes: an actor's bounded mailbox or a
 //! probe's channel.
 //!
-//! A [`Route`] is cheap to clone, so actor tasks cache the routes they use and
-//! a local send costs a hash lookup and a `try_send`. When the mailbox is full
-//! the sender awaits room: that wait is the backpressure, and nothing is ever
-//! buffered beyond the configured capacity.
+//! A [`Route`] is cheap to clone, so drivers and connection readers cache
+//! the routes they use. An actor's route is its [`Inbox`]: the way in from
+//! outside its driver (another driver, a connection, an I/O worker, the
+//! node handle). Claiming a place at the actor's [`Gate`] comes first, then
+//! the message joins the driver's inject queue, so the mailbox bound holds
+//! whichever way a message comes. When the mailbox is full the sender
+//! awaits room: that wait is the backpressure, and nothing is ever buffered
+//! beyond the configured capacity. Actors on the same driver skip all this
+//! and push straight into each other's queues (see `effects.rs`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,23 +19,74 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
-use super::channel::{TrySend, Tx};
+use super::driver::{DriverTx, Inject};
+use super::gate::{Gate, NoRoom};
 
 use crate::actor::Message;
 use crate::hosted::{BoxMsg, Decoder};
 use crate::id::{ActorId, NodeId};
 
-/// What an actor task receives.
+/// What an actor's mailbox holds.
 pub(crate) enum Envelope {
-    Msg { from: ActorId, msg: BoxMsg },
+    Msg {
+        from: ActorId,
+        msg: BoxMsg,
+    },
+    /// A send of the actor to itself.
+    Own(BoxMsg),
     PeerDown(NodeId),
+}
+
+/// The way into one actor's mailbox from outside its driver.
+#[derive(Clone)]
+pub(crate) struct Inbox {
+    pub to: ActorId,
+    pub gate: Arc<Gate>,
+    pub driver: DriverTx,
+}
+
+/// Why [`Inbox::try_send`] did not deliver.
+pub(crate) enum TrySend {
+    Full(Envelope),
+    Closed,
+}
+
+impl Inbox {
+    pub fn try_send(&self, env: Envelope) -> Result<(), TrySend> {
+        if self.gate.is_closed() {
+            return Err(TrySend::Closed);
+        }
+        match self.gate.try_claim() {
+            Ok(()) => self.push(env),
+            Err(NoRoom::Full) => Err(TrySend::Full(env)),
+            Err(NoRoom::Closed) => Err(TrySend::Closed),
+        }
+    }
+
+    /// Sends, waiting for room; `Err` if the actor is gone.
+    pub async fn send(&self, env: Envelope) -> Result<(), TrySend> {
+        match self.gate.claim().await {
+            Ok(()) => self.push(env),
+            Err(_) => Err(TrySend::Closed),
+        }
+    }
+
+    /// Queues a message whose place is already claimed.
+    fn push(&self, env: Envelope) -> Result<(), TrySend> {
+        let to = self.to;
+        self.driver.send(Inject::Deliver { to, env }).map_err(|_| {
+            // The driver is gone (shutdown): so is the actor.
+            self.gate.release(1);
+            TrySend::Closed
+        })
+    }
 }
 
 /// A local destination.
 #[derive(Clone)]
 pub(crate) enum Route {
     Actor {
-        tx: Tx<Envelope>,
+        inbox: Inbox,
         decoder: Decoder,
     },
     Probe {
@@ -50,6 +107,10 @@ pub(crate) enum Undelivered {
     },
 }
 
+/// The rest of a delivery that found the destination full: it owns what it
+/// needs, so a driver can park it beside the sending actor.
+pub(crate) type SlowDelivery = BoxFuture<'static, Result<(), Undelivered>>;
+
 /// How long a sender waits on a full mailbox before it warns that it may be
 /// part of a cycle of full mailboxes (which bounded mailboxes cannot break).
 const SLOW_SEND_WARNING: Duration = Duration::from_secs(5);
@@ -68,40 +129,53 @@ impl Route {
         to: ActorId,
         msg: BoxMsg,
     ) -> Result<(), Undelivered> {
+        match self.try_deliver(from, to, msg)? {
+            None => Ok(()),
+            Some(wait) => wait.await,
+        }
+    }
+
+    /// Delivers at once (`None`) or returns the wait for room.
+    pub fn try_deliver(
+        &self,
+        from: ActorId,
+        to: ActorId,
+        msg: BoxMsg,
+    ) -> Result<Option<SlowDelivery>, Undelivered> {
         match self {
-            Route::Actor { tx, .. } => match tx.try_send(Envelope::Msg { from, msg }) {
-                Ok(()) => Ok(()),
-                Err(TrySend::Closed(_)) => Err(Undelivered::Closed),
-                Err(TrySend::Full(env)) => send_slow(tx, env, from, to).await,
+            Route::Actor { inbox, .. } => match inbox.try_send(Envelope::Msg { from, msg }) {
+                Ok(()) => Ok(None),
+                Err(TrySend::Closed) => Err(Undelivered::Closed),
+                Err(TrySend::Full(env)) => {
+                    let inbox = inbox.clone();
+                    Ok(Some(Box::pin(async move {
+                        warn_if_slow(inbox.send(env), from, to)
+                            .await
+                            .map_err(|_| Undelivered::Closed)
+                    })))
+                }
             },
-            Route::Probe { sink, .. } => match sink.put(from, msg)? {
-                None => Ok(()),
-                Some(wait) => wait.await,
-            },
+            Route::Probe { sink, .. } => Ok(sink
+                .put(from, msg)?
+                .map(|wait| -> SlowDelivery { Box::pin(warn_if_slow(wait, from, to)) })),
         }
     }
 }
 
-async fn send_slow(
-    tx: &Tx<Envelope>,
-    env: Envelope,
-    from: ActorId,
-    to: ActorId,
-) -> Result<(), Undelivered> {
-    let send = tx.send(env);
-    tokio::pin!(send);
-    let sent = match tokio::time::timeout(SLOW_SEND_WARNING, &mut send).await {
-        Ok(sent) => sent,
+/// Runs `wait`, logging once if it takes longer than [`SLOW_SEND_WARNING`].
+pub(crate) async fn warn_if_slow<F: Future>(wait: F, from: ActorId, to: ActorId) -> F::Output {
+    tokio::pin!(wait);
+    match tokio::time::timeout(SLOW_SEND_WARNING, &mut wait).await {
+        Ok(done) => done,
         Err(_) => {
             tracing::warn!(
                 %from, %to,
                 "sender blocked for {SLOW_SEND_WARNING:?} on a full mailbox; \
                  a cycle of actors waiting on each other's full mailboxes never clears"
             );
-            send.await
+            wait.await
         }
-    };
-    sent.map_err(|_| Undelivered::Closed)
+    }
 }
 
 /// A probe's channel with its message type erased.

@@ -1,15 +1,18 @@
 //! The live host: actors on tokio, nodes connected over TCP.
 //!
-//! Each actor runs as one tokio task with a bounded mailbox; its timers are
-//! real deadlines inside that task, and its I/O requests run on tokio's
-//! blocking pool, their completions pushed back into its mailbox. Actor
-//! tasks run on the node's own single-threaded runtime(s) (`actor_threads`,
-//! default 1) or, with `actor_threads = 0`, on the caller's runtime. A local
-//! send is a route lookup (cached per actor task) and a `try_send`, with no
-//! encoding; when the destination is full the sender waits for room. That
-//! wait is the backpressure: nothing is buffered past a configured bound.
-//! Bounded mailboxes can deadlock a cycle of actors that all wait on each
-//! other's full mailboxes; a sender blocked for long logs a warning.
+//! A node runs its actors on drivers: one scheduler loop per executor thread
+//! (`actor_threads`, default 1, each a single-threaded runtime of its own;
+//! with `actor_threads = 0`, one per worker of the caller's runtime). Each
+//! actor keeps its own bounded mailbox and is never run concurrently with
+//! itself; its timers are real deadlines, and its I/O requests run on
+//! tokio's blocking pool, their completions pushed back into its mailbox.
+//! A send between actors of one driver is a queue push and a ready-queue
+//! push, with no encoding, task wake-up or lock; from elsewhere it goes
+//! through the destination's inbox. When the destination is full the sender
+//! waits for room. That wait is the backpressure: nothing is buffered past a
+//! configured bound. Bounded mailboxes can deadlock a cycle of actors that
+//! all wait on each other's full mailboxes; a sender blocked for long logs a
+//! warning.
 //!
 //! Nodes (OS processes) talk over TCP in length-delimited bincode frames
 //! ([`WireFrame`]), opened by a handshake that checks the protocol version
@@ -24,18 +27,20 @@
 //! peer (a truncated, oversized or undecodable frame, a wrong version) is
 //! logged with both sides named and closes that connection only.
 
-mod actor_task;
-mod channel;
 mod config;
+mod driver;
+mod effects;
 mod error;
 mod executor;
 mod frame;
+mod gate;
 mod handshake;
 mod links;
 mod mailbox;
 mod net;
 mod node;
 mod peer;
+mod slot;
 mod stats;
 mod timers;
 
@@ -87,6 +92,11 @@ impl LiveNode {
         let peers = cfg.peers.clone();
         let exec = executor::Executor::new(rt.clone(), cfg.actor_threads, cfg.node)?;
         let inner = Arc::new(NodeInner::new(cfg, exec, local_addr));
+        if let Err(err) = inner.exec.launch(&inner) {
+            inner.shutdown.cancel();
+            inner.exec.stop().await;
+            return Err(err.into());
+        }
         let mut net = lock(&inner.net_tasks);
         if let Some(listener) = listener {
             net.push(rt.spawn(net::accept_loop(Arc::clone(&inner), listener)));
@@ -112,7 +122,7 @@ impl LiveNode {
     /// is 1), the same sequence the simulator hands out.
     pub fn spawn<A: Actor>(&self, actor: A) -> Addr<A> {
         let id = self.inner.ids.alloc(self.inner.node());
-        actor_task::spawn_actor(&self.inner, hosted(actor, id, self.inner.cfg.seed));
+        driver::spawn_actor(&self.inner, hosted(actor, id, self.inner.cfg.seed));
         Addr::new(id)
     }
 
@@ -199,8 +209,8 @@ impl LiveNode {
         self.inner.counters.snapshot()
     }
 
-    /// Stops every actor task (their pending I/O completions are dropped;
-    /// I/O already running on the blocking pool finishes there, unobserved),
+    /// Stops every actor (their pending I/O completions are dropped; I/O
+    /// already running on the blocking pool finishes there, unobserved),
     /// says goodbye on and closes every connection, and joins every task.
     pub async fn shutdown(self) {
         let inner = self.inner;
@@ -208,17 +218,6 @@ impl LiveNode {
             return;
         }
         inner.shutdown.cancel();
-        let actors = lock(&inner.tasks).take().unwrap_or_default();
-        for handle in actors.values() {
-            handle.abort();
-        }
-        for (id, handle) in actors {
-            if let Err(err) = handle.await
-                && err.is_panic()
-            {
-                tracing::error!(actor = %id, "actor task had panicked");
-            }
-        }
         inner.exec.stop().await;
         let net = std::mem::take(&mut *lock(&inner.net_tasks));
         for handle in net {

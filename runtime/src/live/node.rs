@@ -1,17 +1,17 @@
 //! The state one live node shares between its actor tasks, its connections
 //! and its handle: the address book, the spawn counter, the links to peers.
 //!
-//! Everything here is reached through one `Arc`, so an actor task, a
-//! connection reader and the user's [`LiveNode`](super::LiveNode) handle all
-//! see the same routes without a central router task in the message path.
+//! Everything here is reached through one `Arc`, so a driver, a connection
+//! reader and the user's [`LiveNode`](super::LiveNode) handle all see the
+//! same routes without a central router task in the message path.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::FxBuildHasher;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -25,8 +25,8 @@ use crate::time::{Nanos, from_duration};
 use super::config::LiveConfig;
 use super::executor::Executor;
 use super::frame::{Frame, WireFrame};
-use super::links::Links;
-use super::mailbox::{Envelope, Route};
+use super::links::{Links, OutLink};
+use super::mailbox::{Envelope, Route, SlowDelivery};
 use super::stats::{Counters, bump};
 
 /// The node's spawn counter: ids start at 1 and are never reused.
@@ -47,8 +47,6 @@ pub(crate) struct NodeInner {
     pub exec: Executor,
     pub ids: Ids,
     pub routes: DashMap<ActorId, Route, FxBuildHasher>,
-    /// Running actor tasks; `None` once shutdown has taken them.
-    pub tasks: Mutex<Option<FxHashMap<ActorId, JoinHandle<()>>>>,
     pub net_tasks: Mutex<Vec<JoinHandle<()>>>,
     pub links: Links,
     pub counters: Counters,
@@ -67,7 +65,6 @@ impl NodeInner {
             exec,
             ids: Ids(AtomicU64::new(1)),
             routes: DashMap::default(),
-            tasks: Mutex::new(Some(FxHashMap::default())),
             net_tasks: Mutex::new(Vec::new()),
             links,
             counters: Counters::default(),
@@ -112,6 +109,54 @@ impl NodeInner {
         to: ActorId,
         msg: BoxMsg,
     ) -> Result<(), RuntimeError> {
+        let (link, frame) = self.encode_remote(from, to, msg)?;
+        let sent = match link.tx.try_send(frame) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(frame)) => link.tx.send(frame).await.map_err(|_| ()),
+            Err(TrySendError::Closed(_)) => Err(()),
+        };
+        sent.map_err(|()| {
+            bump(&self.counters.dropped_unreachable);
+            RuntimeError::NoRoute(to.node)
+        })
+    }
+
+    /// Like [`send_remote`](Self::send_remote) without waiting: queues the
+    /// message at once, or returns the wait for room in the connection's
+    /// queue (which counts and logs a loss by itself).
+    pub fn try_send_remote(
+        self: &Arc<Self>,
+        from: ActorId,
+        to: ActorId,
+        msg: BoxMsg,
+    ) -> Result<Option<SlowDelivery>, RuntimeError> {
+        let (link, frame) = self.encode_remote(from, to, msg)?;
+        match link.tx.try_send(frame) {
+            Ok(()) => Ok(None),
+            Err(TrySendError::Full(frame)) => {
+                let inner = Arc::clone(self);
+                Ok(Some(Box::pin(async move {
+                    if link.tx.send(frame).await.is_err() {
+                        bump(&inner.counters.dropped_unreachable);
+                        tracing::debug!(%from, %to, "remote message dropped: connection closed");
+                    }
+                    Ok(())
+                })))
+            }
+            Err(TrySendError::Closed(_)) => {
+                bump(&self.counters.dropped_unreachable);
+                Err(RuntimeError::NoRoute(to.node))
+            }
+        }
+    }
+
+    /// The connection to `to`'s node and `msg` framed for it.
+    fn encode_remote(
+        &self,
+        from: ActorId,
+        to: ActorId,
+        msg: BoxMsg,
+    ) -> Result<(OutLink, Vec<u8>), RuntimeError> {
         let Some(link) = self.links.out(to.node) else {
             bump(&self.counters.dropped_unreachable);
             return Err(RuntimeError::NoRoute(to.node));
@@ -140,15 +185,7 @@ impl NodeInner {
                 ),
             )));
         }
-        let sent = match link.tx.try_send(encoded) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(frame)) => link.tx.send(frame).await.map_err(|_| ()),
-            Err(TrySendError::Closed(_)) => Err(()),
-        };
-        sent.map_err(|()| {
-            bump(&self.counters.dropped_unreachable);
-            RuntimeError::NoRoute(to.node)
-        })
+        Ok((link, encoded))
     }
 
     /// Tells every actor watching `node` that it went down.
@@ -162,9 +199,9 @@ impl NodeInner {
         }
         for id in watchers {
             let route = self.routes.get(&id).map(|r| r.clone());
-            if let Some(Route::Actor { tx, .. }) = route {
+            if let Some(Route::Actor { inbox, .. }) = route {
                 // A closed mailbox means the watcher stopped meanwhile.
-                let _ = tx.send(Envelope::PeerDown(node)).await;
+                let _ = inbox.send(Envelope::PeerDown(node)).await;
             }
         }
     }
