@@ -15,6 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::Receiver;
 
+mod common;
+use common::Watcher;
+
 const SERVER: NodeId = NodeId(1);
 const GOOD: NodeId = NodeId(3);
 const MAX_FRAME: usize = 64 * 1024;
@@ -102,23 +105,6 @@ impl Actor for Sink {
     type Timer = ();
     fn on_msg(&mut self, from: ActorId, SinkMsg::Hit(n): SinkMsg, cx: &mut Cx<'_, Self>) {
         cx.send(Addr::<External<u64>>::new(from), n);
-    }
-}
-
-struct Watcher {
-    node: NodeId,
-    report: Addr<External<NodeId>>,
-}
-
-impl Actor for Watcher {
-    type Msg = ();
-    type Timer = ();
-    fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
-        cx.watch_node(self.node);
-    }
-    fn on_msg(&mut self, _from: ActorId, _: (), _cx: &mut Cx<'_, Self>) {}
-    fn on_peer_down(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
-        cx.send(self.report, node);
     }
 }
 

@@ -10,6 +10,9 @@ use gyre_runtime::{Actor, ActorId, Addr, Cx, External, NodeId, RuntimeError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::Receiver;
 
+mod common;
+use common::Watcher;
+
 const A: NodeId = NodeId(1);
 const B: NodeId = NodeId(2);
 const WAIT: Duration = Duration::from_secs(5);
@@ -25,23 +28,6 @@ impl Actor for Echo {
     type Timer = ();
     fn on_msg(&mut self, from: ActorId, Hit(n): Hit, cx: &mut Cx<'_, Self>) {
         cx.send(Addr::<External<u64>>::new(from), n);
-    }
-}
-
-struct Watcher {
-    node: NodeId,
-    report: Addr<External<NodeId>>,
-}
-
-impl Actor for Watcher {
-    type Msg = ();
-    type Timer = ();
-    fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
-        cx.watch_node(self.node);
-    }
-    fn on_msg(&mut self, _from: ActorId, _: (), _cx: &mut Cx<'_, Self>) {}
-    fn on_peer_down(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
-        cx.send(self.report, node);
     }
 }
 

@@ -17,6 +17,9 @@ use gyre_runtime::live::{LiveConfig, LiveNode};
 use gyre_runtime::{Actor, ActorId, Addr, Cx, External, NodeId};
 use serde::{Deserialize, Serialize};
 
+mod common;
+use common::Watcher;
+
 const CHILD_ENV: &str = "GYRE_LIVE_CHILD";
 const PARENT: NodeId = NodeId(1);
 const CHILD: NodeId = NodeId(2);
@@ -107,24 +110,6 @@ impl Actor for Sender {
         if self.next < self.n {
             cx.send_self(());
         }
-    }
-}
-
-/// Forwards `on_peer_down` to a probe.
-struct Watcher {
-    node: NodeId,
-    report: Addr<External<NodeId>>,
-}
-
-impl Actor for Watcher {
-    type Msg = ();
-    type Timer = ();
-    fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
-        cx.watch_node(self.node);
-    }
-    fn on_msg(&mut self, _from: ActorId, _: (), _cx: &mut Cx<'_, Self>) {}
-    fn on_peer_down(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
-        cx.send(self.report, node);
     }
 }
 
