@@ -1,11 +1,18 @@
-//! Costs of the simple simulated backends: fixed values and uniform ranges
-//! drawn from each backend's own seeded stream. They are not calibrated;
-//! they only need to make every protocol path happen in a small run. The
-//! defaults echo the reference system's orders of magnitude (a switch costs
-//! seconds, a model call a few seconds, an execution minutes).
+//! Costs of the simulated backends: fixed values and uniform ranges drawn
+//! from each backend's own seeded stream.
+//!
+//! The defaults are not calibrated; they only need to make every protocol
+//! path happen in a small run, and echo the reference system's orders of
+//! magnitude (a switch costs seconds, a model call a few seconds, an
+//! execution minutes). The calibrated models of a scenario
+//! ([`crate::scenario`]) fill the same structures, using the fields that
+//! default to "off" here: engine load, shared prefixes, per-role memory
+//! costs, collective sizes and the calibrated workload.
 
 use gyre_runtime::{MILLIS, Nanos, SECS};
 use serde::{Deserialize, Serialize};
+
+use crate::workload::WorkloadModel;
 
 /// An inclusive range to draw from uniformly (bounds swapped if reversed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +45,19 @@ pub struct EngineCosts {
     pub output_tokens: Span,
     pub unload: Nanos,
     pub load: Nanos,
+    /// Executions the engine is sized for; 0: its own slots, C_e for a
+    /// cell's engine and C_s for the pool's.
+    #[serde(default)]
+    pub load_capacity: u32,
+    /// Extra service time, as a share, when the calls in flight equal
+    /// `load_capacity`: a call's time is scaled by 1 + s·inflight/capacity,
+    /// measured when it is admitted. 0 turns the load model off.
+    #[serde(default)]
+    pub load_slowdown: f64,
+    /// Prefix (system prompt) still cached after the harness compacts its
+    /// context; the rest of a compacted prompt is computed afresh.
+    #[serde(default)]
+    pub shared_prefix: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +67,13 @@ pub struct MemoryCosts {
     pub capacity: u64,
     pub rollout_bytes: u64,
     pub training_bytes: u64,
+    /// Releasing training memory, if it costs other than `release` (which
+    /// then prices releasing rollout memory only).
+    #[serde(default)]
+    pub release_training: Option<Span>,
+    /// Restoring rollout memory, if it costs other than `restore`.
+    #[serde(default)]
+    pub restore_rollout: Option<Span>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +97,16 @@ pub struct TrainerCosts {
     pub reduce: Nanos,
     pub update: Nanos,
     pub broadcast: Nanos,
+    /// Fixed cost of each micro-step on top of its tokens.
+    #[serde(default)]
+    pub per_micro_step: Nanos,
+    /// Gradient (and parameter) bytes a collective moves; 0: collectives
+    /// cost only `reduce` per member and `broadcast`.
+    #[serde(default)]
+    pub collective_bytes: u64,
+    /// Nanoseconds per KiB over the links between cells.
+    #[serde(default)]
+    pub collective_ns_per_kib: Nanos,
 }
 
 /// What the simulated harness does with each execution.
@@ -93,6 +130,15 @@ pub struct Workload {
     /// A call unanswered this long makes the harness give up: a failure
     /// caused by the serving side, which must never happen.
     pub call_timeout: Nanos,
+    /// Arm a timer per call for `call_timeout` (the harness gives up at
+    /// once). Off, a late answer is only counted: the same check at half
+    /// the simulator's events, for long runs.
+    #[serde(default = "yes")]
+    pub timer_per_call: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,6 +156,10 @@ pub struct Costs {
     pub workload: Workload,
     pub eval: EvalCosts,
     pub kv_bytes_per_token: u64,
+    /// The calibrated workload; when set the harness follows it instead of
+    /// `workload` (whose call-timeout settings still apply).
+    #[serde(default)]
+    pub model: Option<WorkloadModel>,
 }
 
 impl Default for Costs {
@@ -122,6 +172,9 @@ impl Default for Costs {
                 output_tokens: Span::new(50, 800),
                 unload: 500 * MILLIS,
                 load: 1_500 * MILLIS,
+                load_capacity: 0,
+                load_slowdown: 0.0,
+                shared_prefix: 0,
             },
             memory: MemoryCosts {
                 release: Span::new(500 * MILLIS, 2 * SECS),
@@ -129,6 +182,8 @@ impl Default for Costs {
                 capacity: 100,
                 rollout_bytes: 60,
                 training_bytes: 80,
+                release_training: None,
+                restore_rollout: None,
             },
             transfer: TransferCosts {
                 latency: 5 * MILLIS,
@@ -145,6 +200,9 @@ impl Default for Costs {
                 reduce: SECS,
                 update: 2 * SECS,
                 broadcast: SECS,
+                per_micro_step: 0,
+                collective_bytes: 0,
+                collective_ns_per_kib: 0,
             },
             workload: Workload {
                 calls: Span::new(1, 4),
@@ -156,12 +214,14 @@ impl Default for Costs {
                 p_partial_failure: 0.03,
                 p_too_long: 0.01,
                 call_timeout: 300 * SECS,
+                timer_per_call: true,
             },
             eval: EvalCosts {
                 latency: Span::new(SECS, 10 * SECS),
                 p_fail: 0.05,
             },
             kv_bytes_per_token: 64 << 10,
+            model: None,
         }
     }
 }

@@ -11,12 +11,17 @@
 //!   staleness included;
 //! - [`random`]: small random configurations for seed sweeps.
 //!
-//! Calibrated workload and cost models, scenarios and the experiment runner
-//! come with the simulation-lab work.
+//! The simulation lab builds on them:
+//! - [`workload`]: the calibrated workload model and its profile;
+//! - [`scenario`]: the published scenarios as editable TOML files;
+//! - [`lab`]: policy comparisons, reports and plots (`gyre simulate`).
 
 pub mod backends;
 pub mod checker;
 pub mod costs;
+pub mod lab;
 pub mod random;
 pub mod run;
+pub mod scenario;
+pub mod workload;
 pub mod world;

@@ -87,11 +87,18 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     let mut engines = Vec::new();
     let mut trainers = Vec::new();
     let mut memories = Vec::new();
+    let engine_costs = |slots: u32| {
+        let mut e = costs.engine.clone();
+        if e.load_capacity == 0 {
+            e.load_capacity = slots;
+        }
+        e
+    };
     for c in 0..k {
         let node = NodeId(10 + c);
         engines.push(sim.spawn(
             node,
-            SimEngine::new(EngineIx::Cell(c), costs.engine.clone()),
+            SimEngine::new(EngineIx::Cell(c), engine_costs(cfg.sched.cell_capacity)),
         ));
         trainers.push(sim.spawn(node, SimTrainer::new(costs.trainer.clone(), c)));
         memories.push(sim.spawn(node, SimMemory::new(costs.memory.clone())));
@@ -99,11 +106,19 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     let pool = (cfg.sched.pool_capacity > 0).then(|| {
         sim.spawn(
             NodeId(5),
-            SimEngine::new(EngineIx::Pool, costs.engine.clone()),
+            SimEngine::new(EngineIx::Pool, engine_costs(cfg.sched.pool_capacity)),
         )
     });
     let transfer = sim.spawn(NodeId(2), SimTransfer::new(costs.transfer.clone()));
-    let harness = sim.spawn(NodeId(3), SimHarness::new(costs.workload.clone()));
+    let harness = match &costs.model {
+        Some(model) => SimHarness::calibrated(
+            costs.workload.clone(),
+            model.clone(),
+            gyre_runtime::rng::mix64(cfg.seed ^ 0x9_0e21),
+        ),
+        None => SimHarness::new(costs.workload.clone()),
+    };
+    let harness = sim.spawn(NodeId(3), harness);
     let evaluator = sim.spawn(NodeId(4), SimEvaluator::new(costs.eval.clone()));
     let ports = Backends {
         engines: engines.iter().map(|a| port(*a)).collect(),

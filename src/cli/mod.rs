@@ -2,6 +2,7 @@
 
 pub mod demo;
 pub mod logging;
+pub mod simulate;
 pub mod trace;
 
 use anyhow::Result;
@@ -38,6 +39,9 @@ pub enum Command {
     /// Inspect JSONL traces of recorded model calls: tree statistics,
     /// admission, synthetic traces.
     Trace(trace::TraceArgs),
+    /// Compare scheduling policies on a published workload in the
+    /// simulator: tables, JSON, plots, and the workload profile.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Runs one parsed command line.
@@ -53,5 +57,6 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Demo(args) => demo::run(args),
         Command::Trace(args) => trace::run(args),
+        Command::Simulate(args) => simulate::run(args),
     }
 }

@@ -1,6 +1,13 @@
 //! A simulated inference engine: a service time per call from the prompt
-//! tokens its KV cache does not already hold and the output it samples, and
-//! the control operations a cell drives through a role change.
+//! tokens its KV cache does not already hold and the output it samples,
+//! scaled by the engine's load when the call is admitted, and the control
+//! operations a cell drives through a role change.
+//!
+//! The cache is one token count per execution, never tokens. A prompt
+//! shorter than what is cached means the harness compacted its context:
+//! only the shared prefix (the system prompt) still matches, and the rest is
+//! prefilled again, as it is after a reroute whose KV blocks were not
+//! migrated.
 //!
 //! It also polices the protocol from its side: unloading while blocks are
 //! still pinned, or while calls are still in flight, counts as a violation.
@@ -12,6 +19,7 @@ use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
 use gyre_actors::sched::proxy::Proxy;
 use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use rustc_hash::FxHashMap;
 
 use crate::costs::EngineCosts;
 
@@ -38,6 +46,8 @@ pub struct EngineStats {
     /// Prompt tokens found in the cache (own or adopted).
     pub cached_tokens: u64,
     pub adopted: u64,
+    /// Prompt tokens prefilled (not found in the cache).
+    pub prefilled_tokens: u64,
     pub violations: u64,
 }
 
@@ -48,7 +58,9 @@ pub struct SimEngine {
     admitting: bool,
     loaded: bool,
     version: Version,
-    kv: BTreeMap<ExecId, u64>,
+    /// Cached tokens per execution; looked up, never iterated, so a hash
+    /// map keeps the run deterministic.
+    kv: FxHashMap<ExecId, u64>,
     pinned: BTreeMap<ExecId, u64>,
     inflight: BTreeMap<CallId, InFlight>,
     control: Option<(Addr<Cell>, Version)>,
@@ -64,7 +76,7 @@ impl SimEngine {
             admitting: true,
             loaded: true,
             version: 0,
-            kv: BTreeMap::new(),
+            kv: FxHashMap::default(),
             pinned: BTreeMap::new(),
             inflight: BTreeMap::new(),
             control: None,
@@ -87,6 +99,16 @@ impl SimEngine {
     pub fn version(&self) -> Version {
         self.version
     }
+
+    /// `work` stretched by the calls already in flight.
+    fn loaded_time(&self, work: u64) -> u64 {
+        let cap = self.costs.load_capacity;
+        if cap == 0 || self.costs.load_slowdown <= 0.0 {
+            return work;
+        }
+        let load = self.inflight.len() as f64 / f64::from(cap);
+        (work as f64 * (1.0 + self.costs.load_slowdown * load)) as u64
+    }
 }
 
 impl Actor for SimEngine {
@@ -106,18 +128,21 @@ impl Actor for SimEngine {
                     cx.send(reply_to, CallEvent::Rejected { call, attempt });
                     return;
                 }
-                let cached = self
-                    .kv
-                    .get(&call.exec)
-                    .copied()
-                    .unwrap_or(0)
-                    .min(prompt_tokens);
+                let held = self.kv.get(&call.exec).copied().unwrap_or(0);
+                let cached = if prompt_tokens >= held {
+                    held
+                } else {
+                    // Compacted: only the shared prefix still matches.
+                    self.costs.shared_prefix.min(prompt_tokens)
+                };
                 self.stats.cached_tokens += cached;
+                self.stats.prefilled_tokens += prompt_tokens - cached;
                 let output = self.costs.output_tokens.draw(cx.rng());
                 let base = self.costs.call_base.draw(cx.rng());
-                let service = base
+                let work = base
                     + (prompt_tokens - cached) * self.costs.prefill_per_token
                     + output * self.costs.decode_per_token;
+                let service = self.loaded_time(work);
                 self.inflight.insert(
                     call,
                     InFlight {

@@ -1,19 +1,31 @@
 //! A simulated harness: each run thinks, makes a model call, waits for the
-//! answer, and repeats a drawn number of times, then finishes with a drawn
-//! outcome. It keeps the ledger the "no harness ever sees a role change"
-//! invariant reads: every call it issued, every answer, every call left
-//! unanswered for longer than its own timeout, and every answer it did not
-//! expect.
-
-use std::collections::BTreeMap;
+//! answer, and repeats, then finishes with an outcome.
+//!
+//! Two workloads drive it. The simple one draws a call count and outcome
+//! per run from [`Workload`]. The calibrated one ([`WorkloadModel`]) draws
+//! each run's plan from its query's shared difficulty (derived from the
+//! query id, so every execution of a group sees the same query whatever
+//! order they start in), grows the context call by call with compaction,
+//! stops at the harness timeout whatever the plan said (a loaded cluster can
+//! push a run into it), and lets a hanging run sit until the execution's
+//! overall timeout aborts it.
+//!
+//! It keeps the ledger the "no harness ever sees a role change" invariant
+//! reads: every call it issued, every answer, every call left unanswered for
+//! longer than its own timeout, and every answer it did not expect; and the
+//! realised length and ending of every run, for the lab's reports.
 
 use gyre_actors::sched::execution::{ExecMsg, Execution};
-use gyre_actors::sched::ids::{CallId, ExecId};
+use gyre_actors::sched::ids::{CallId, ExecId, GroupId};
 use gyre_actors::sched::proto::harness::{HarnessEvent, HarnessOutcome, HarnessReq};
-use gyre_runtime::{Actor, ActorId, Addr, Cx, MILLIS, Nanos};
-use rand::Rng;
+use gyre_runtime::rng::mix64;
+use gyre_runtime::{Actor, ActorId, Addr, Cx, MILLIS, Nanos, SECS};
+use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashMap;
 
 use crate::costs::Workload;
+use crate::workload::calls::Context;
+use crate::workload::{Ending, WorkloadModel};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum HarnessTimer {
@@ -24,12 +36,36 @@ pub enum HarnessTimer {
 #[derive(Debug, Clone, Copy)]
 struct Run {
     reply_to: Addr<Execution>,
+    group: GroupId,
+    begun: Nanos,
     calls_left: u32,
     seq: u32,
-    context: u64,
+    context: Context,
     think_scale: u64,
+    /// Mean tool and think time (calibrated workload).
+    gap: f64,
+    /// The harness's own timeout (calibrated workload).
+    deadline: Option<Nanos>,
+    /// Out of calls, it hangs instead of finishing.
+    hangs: bool,
     outcome: HarnessOutcome,
     outstanding: Option<(CallId, Nanos)>,
+}
+
+/// How a run ended, as the harness saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    Finished(HarnessOutcome),
+    /// Aborted by its execution (overall timeout or cancellation).
+    Aborted,
+}
+
+/// One finished run: how long it took and how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunRecord {
+    pub group: GroupId,
+    pub took: Nanos,
+    pub end: RunEnd,
 }
 
 /// The harness-side ledger of model calls.
@@ -48,21 +84,51 @@ pub struct HarnessStats {
     pub stray_answers: u64,
     /// Longest wait for an answer.
     pub max_wait: Nanos,
+    /// Runs stopped by the harness timeout of the calibrated workload.
+    pub harness_timeouts: u64,
+    /// Tokens that entered contexts (prompt growth and outputs).
+    pub lifetime_tokens: u64,
+    pub compactions: u64,
+}
+
+#[derive(Debug)]
+enum Source {
+    Simple(Workload),
+    Model(Box<WorkloadModel>),
 }
 
 #[derive(Debug)]
 pub struct SimHarness {
     work: Workload,
-    runs: BTreeMap<ExecId, Run>,
+    source: Source,
+    query_seed: u64,
+    /// Runs going on; looked up by execution, iterated only for counts.
+    runs: FxHashMap<ExecId, Run>,
     stats: HarnessStats,
+    records: Vec<RunRecord>,
 }
 
 impl SimHarness {
+    /// A harness following the simple workload.
     pub fn new(work: Workload) -> Self {
         Self {
+            source: Source::Simple(work.clone()),
             work,
-            runs: BTreeMap::new(),
+            query_seed: 0,
+            runs: FxHashMap::default(),
             stats: HarnessStats::default(),
+            records: Vec::new(),
+        }
+    }
+
+    /// A harness following the calibrated workload; `query_seed` decides
+    /// every query's shared draws. `work` keeps only its call-timeout
+    /// settings.
+    pub fn calibrated(work: Workload, model: WorkloadModel, query_seed: u64) -> Self {
+        Self {
+            source: Source::Model(Box::new(model)),
+            query_seed,
+            ..Self::new(work)
         }
     }
 
@@ -70,9 +136,16 @@ impl SimHarness {
         self.stats
     }
 
-    /// Calls waiting for an answer, with when they were made.
+    /// Every run that ended, in the order they ended.
+    pub fn records(&self) -> &[RunRecord] {
+        &self.records
+    }
+
+    /// Calls waiting for an answer, with when they were made, in call order.
     pub fn waiting(&self) -> Vec<(CallId, Nanos)> {
-        self.runs.values().filter_map(|r| r.outstanding).collect()
+        let mut w: Vec<_> = self.runs.values().filter_map(|r| r.outstanding).collect();
+        w.sort();
+        w
     }
 
     /// Runs still going, and of those the ones waiting for an answer.
@@ -89,23 +162,204 @@ impl SimHarness {
         let Some(run) = self.runs.get(&exec) else {
             return;
         };
-        let t = self
-            .work
-            .think
-            .draw(cx.rng())
-            .saturating_mul(run.think_scale);
+        let t = match &self.source {
+            Source::Simple(w) => w.think.draw(cx.rng()).saturating_mul(run.think_scale),
+            Source::Model(_) => {
+                // Exponential tool and think times around the run's mean.
+                let u: f64 = 1.0 - cx.rng().random::<f64>();
+                (-u.ln() * run.gap * SECS as f64) as Nanos
+            }
+        };
+        let t = match run.deadline {
+            Some(d) if !run.hangs => t.min(d.saturating_sub(cx.now())),
+            _ => t,
+        };
         cx.set_timer(HarnessTimer::Think(exec), t);
     }
 
     fn finish(&mut self, exec: ExecId, cx: &mut Cx<'_, Self>) {
         if let Some(run) = self.runs.remove(&exec) {
             self.stats.finished += 1;
+            if run.outcome == HarnessOutcome::HarnessTimeout {
+                self.stats.harness_timeouts += 1;
+            }
+            self.end(&run, RunEnd::Finished(run.outcome), cx.now());
             cx.send(
                 run.reply_to,
                 ExecMsg::Harness(HarnessEvent::Finished {
                     outcome: run.outcome,
                 }),
             );
+        }
+    }
+
+    fn end(&mut self, run: &Run, end: RunEnd, now: Nanos) {
+        self.stats.lifetime_tokens += run.context.lifetime;
+        self.stats.compactions += u64::from(run.context.compactions);
+        self.records.push(RunRecord {
+            group: run.group,
+            took: now.saturating_sub(run.begun),
+            end,
+        });
+    }
+
+    /// The run's deadline has passed: the harness stops on its own.
+    fn timed_out(run: &Run, now: Nanos) -> bool {
+        !run.hangs && run.deadline.is_some_and(|d| now >= d)
+    }
+
+    fn begin(
+        &mut self,
+        exec: ExecId,
+        group: GroupId,
+        reply_to: Addr<Execution>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        let now = cx.now();
+        let mut run = Run {
+            reply_to,
+            group,
+            begun: now,
+            calls_left: 0,
+            seq: 0,
+            context: Context::default(),
+            think_scale: 1,
+            gap: 0.0,
+            deadline: None,
+            hangs: false,
+            outcome: HarnessOutcome::Completed,
+            outstanding: None,
+        };
+        match &self.source {
+            Source::Simple(w) => {
+                let rng = cx.rng();
+                let roll: f64 = rng.random();
+                run.calls_left = w.calls.draw(rng) as u32;
+                run.outcome = if roll < w.p_complete_failure {
+                    run.calls_left = 0;
+                    HarnessOutcome::Failed { complete: true }
+                } else if roll < w.p_complete_failure + w.p_harness_timeout {
+                    HarnessOutcome::HarnessTimeout
+                } else if roll < w.p_complete_failure + w.p_harness_timeout + w.p_partial_failure {
+                    HarnessOutcome::Failed { complete: false }
+                } else {
+                    if roll > 1.0 - w.p_too_long {
+                        run.think_scale = 1_000_000;
+                    }
+                    HarnessOutcome::Completed
+                };
+                run.context.tokens = w.first_prompt.draw(rng);
+            }
+            Source::Model(m) => {
+                let mut qrng =
+                    rand_chacha::ChaCha8Rng::seed_from_u64(mix64(self.query_seed ^ mix64(group.0)));
+                let query = m.draw_query(&mut qrng);
+                let rng = cx.rng();
+                let plan = m.draw_exec(&query, rng);
+                run.gap = plan.gap_s;
+                run.context = Context::start(m, rng);
+                run.deadline =
+                    Some(now.saturating_add((m.harness_timeout_s() * SECS as f64) as Nanos));
+                (run.calls_left, run.outcome) = match plan.ending {
+                    Ending::Completed => (plan.total_calls, HarnessOutcome::Completed),
+                    // The deadline cuts it short.
+                    Ending::HarnessTimeout => (plan.total_calls, HarnessOutcome::Completed),
+                    Ending::PartialFailure => {
+                        (plan.calls, HarnessOutcome::Failed { complete: false })
+                    }
+                    Ending::CompleteFailure => (0, HarnessOutcome::Failed { complete: true }),
+                    Ending::Hang => {
+                        run.hangs = true;
+                        (plan.calls, HarnessOutcome::Completed)
+                    }
+                };
+            }
+        }
+        let calls = run.calls_left;
+        self.runs.insert(exec, run);
+        if calls == 0 {
+            cx.set_timer(HarnessTimer::Think(exec), MILLIS);
+        } else {
+            self.think(exec, cx);
+        }
+    }
+
+    fn call(&mut self, exec: ExecId, cx: &mut Cx<'_, Self>) {
+        let now = cx.now();
+        let Some(run) = self.runs.get_mut(&exec) else {
+            return;
+        };
+        if Self::timed_out(run, now) {
+            run.outcome = HarnessOutcome::HarnessTimeout;
+            return self.finish(exec, cx);
+        }
+        if run.calls_left == 0 {
+            if run.hangs {
+                return; // a tool call hangs; the overall timeout ends it
+            }
+            return self.finish(exec, cx);
+        }
+        run.calls_left -= 1;
+        let call = CallId { exec, seq: run.seq };
+        run.seq += 1;
+        run.outstanding = Some((call, now));
+        let prompt_tokens = match &self.source {
+            Source::Model(m) => run.context.next_prompt(m, cx.rng()),
+            Source::Simple(_) => {
+                run.context.calls += 1;
+                run.context.tokens
+            }
+        };
+        let to = run.reply_to;
+        self.stats.calls += 1;
+        if self.work.timer_per_call {
+            cx.set_timer(HarnessTimer::CallTimeout(call), self.work.call_timeout);
+        }
+        cx.send(
+            to,
+            ExecMsg::Harness(HarnessEvent::ModelCall {
+                call,
+                prompt_tokens,
+            }),
+        );
+    }
+
+    fn answer(&mut self, call: CallId, output_tokens: u64, cx: &mut Cx<'_, Self>) {
+        let now = cx.now();
+        let growth = match &self.source {
+            Source::Simple(w) => w.growth.draw(cx.rng()),
+            Source::Model(_) => 0,
+        };
+        let Some(run) = self.runs.get_mut(&call.exec) else {
+            self.stats.stray_answers += 1;
+            return;
+        };
+        let Some((expected, since)) = run.outstanding else {
+            self.stats.stray_answers += 1;
+            return;
+        };
+        if expected != call {
+            self.stats.stray_answers += 1;
+            return;
+        }
+        run.outstanding = None;
+        run.context.answered(output_tokens);
+        run.context.tokens += growth;
+        let wait = now - since;
+        self.stats.answered += 1;
+        self.stats.max_wait = self.stats.max_wait.max(wait);
+        if self.work.timer_per_call {
+            cx.cancel_timer(&HarnessTimer::CallTimeout(call));
+        } else if wait > self.work.call_timeout {
+            self.stats.call_timeouts += 1;
+        }
+        if Self::timed_out(run, now) {
+            run.outcome = HarnessOutcome::HarnessTimeout;
+            self.finish(call.exec, cx);
+        } else if run.calls_left > 0 {
+            self.think(call.exec, cx);
+        } else if !run.hangs {
+            self.finish(call.exec, cx);
         }
     }
 }
@@ -116,86 +370,32 @@ impl Actor for SimHarness {
 
     fn on_msg(&mut self, _from: ActorId, msg: HarnessReq, cx: &mut Cx<'_, Self>) {
         match msg {
-            HarnessReq::Begin { exec, reply_to, .. } => {
+            HarnessReq::Begin {
+                exec,
+                group,
+                reply_to,
+            } => {
                 if self.runs.contains_key(&exec) {
                     return;
                 }
                 self.stats.runs += 1;
-                let w = &self.work;
-                let rng = cx.rng();
-                let roll: f64 = rng.random();
-                let mut calls = w.calls.draw(rng) as u32;
-                let mut think_scale = 1;
-                let outcome = if roll < w.p_complete_failure {
-                    calls = 0;
-                    HarnessOutcome::Failed { complete: true }
-                } else if roll < w.p_complete_failure + w.p_harness_timeout {
-                    HarnessOutcome::HarnessTimeout
-                } else if roll < w.p_complete_failure + w.p_harness_timeout + w.p_partial_failure {
-                    HarnessOutcome::Failed { complete: false }
-                } else {
-                    if roll > 1.0 - w.p_too_long {
-                        think_scale = 1_000_000;
-                    }
-                    HarnessOutcome::Completed
-                };
-                let context = w.first_prompt.draw(rng);
-                self.runs.insert(
-                    exec,
-                    Run {
-                        reply_to,
-                        calls_left: calls,
-                        seq: 0,
-                        context,
-                        think_scale,
-                        outcome,
-                        outstanding: None,
-                    },
-                );
-                if calls == 0 {
-                    cx.set_timer(HarnessTimer::Think(exec), MILLIS);
-                } else {
-                    self.think(exec, cx);
-                }
+                self.begin(exec, group, reply_to, cx);
             }
             HarnessReq::Answer {
                 call,
                 output_tokens,
-            } => {
-                let now = cx.now();
-                let growth = self.work.growth.draw(cx.rng());
-                let Some(run) = self.runs.get_mut(&call.exec) else {
-                    self.stats.stray_answers += 1;
-                    return;
-                };
-                let Some((expected, since)) = run.outstanding else {
-                    self.stats.stray_answers += 1;
-                    return;
-                };
-                if expected != call {
-                    self.stats.stray_answers += 1;
-                    return;
-                }
-                run.outstanding = None;
-                run.context += output_tokens + growth;
-                self.stats.answered += 1;
-                self.stats.max_wait = self.stats.max_wait.max(now - since);
-                cx.cancel_timer(&HarnessTimer::CallTimeout(call));
-                let more = run.calls_left > 0;
-                if more {
-                    self.think(call.exec, cx);
-                } else {
-                    self.finish(call.exec, cx);
-                }
-            }
+            } => self.answer(call, output_tokens, cx),
             HarnessReq::Abort { exec } => {
                 if let Some(run) = self.runs.remove(&exec) {
                     self.stats.aborted += 1;
                     cx.cancel_timer(&HarnessTimer::Think(exec));
                     if let Some((call, _)) = run.outstanding {
                         self.stats.abandoned += 1;
-                        cx.cancel_timer(&HarnessTimer::CallTimeout(call));
+                        if self.work.timer_per_call {
+                            cx.cancel_timer(&HarnessTimer::CallTimeout(call));
+                        }
                     }
+                    self.end(&run, RunEnd::Aborted, cx.now());
                 }
             }
         }
@@ -203,31 +403,7 @@ impl Actor for SimHarness {
 
     fn on_timer(&mut self, timer: HarnessTimer, cx: &mut Cx<'_, Self>) {
         match timer {
-            HarnessTimer::Think(exec) => {
-                let now = cx.now();
-                let Some(run) = self.runs.get_mut(&exec) else {
-                    return;
-                };
-                if run.calls_left == 0 {
-                    self.finish(exec, cx);
-                    return;
-                }
-                run.calls_left -= 1;
-                let call = CallId { exec, seq: run.seq };
-                run.seq += 1;
-                run.outstanding = Some((call, now));
-                let prompt_tokens = run.context;
-                let to = run.reply_to;
-                self.stats.calls += 1;
-                cx.set_timer(HarnessTimer::CallTimeout(call), self.work.call_timeout);
-                cx.send(
-                    to,
-                    ExecMsg::Harness(HarnessEvent::ModelCall {
-                        call,
-                        prompt_tokens,
-                    }),
-                );
-            }
+            HarnessTimer::Think(exec) => self.call(exec, cx),
             HarnessTimer::CallTimeout(call) => {
                 // The serving side left a call unanswered: the harness gives
                 // up, which is precisely what a role change must never cause.

@@ -68,7 +68,13 @@ impl Actor for SimMemory {
 
     fn on_msg(&mut self, _from: ActorId, msg: MemoryReq, cx: &mut Cx<'_, Self>) {
         let (cost, reply_to) = match &msg {
-            MemoryReq::Release { reply_to, .. } => (self.costs.release.draw(cx.rng()), *reply_to),
+            MemoryReq::Release { role, reply_to } => {
+                let span = match role {
+                    MemRole::Training => self.costs.release_training.unwrap_or(self.costs.release),
+                    MemRole::Rollout => self.costs.release,
+                };
+                (span.draw(cx.rng()), *reply_to)
+            }
             MemoryReq::Restore { role, reply_to } => {
                 let need = self.used() + self.bytes(*role);
                 if !self.resident.contains(role) && need > self.costs.capacity {
@@ -85,7 +91,11 @@ impl Actor for SimMemory {
                     );
                     return;
                 }
-                (self.costs.restore.draw(cx.rng()), *reply_to)
+                let span = match role {
+                    MemRole::Rollout => self.costs.restore_rollout.unwrap_or(self.costs.restore),
+                    MemRole::Training => self.costs.restore,
+                };
+                (span.draw(cx.rng()), *reply_to)
             }
         };
         self.next_op += 1;

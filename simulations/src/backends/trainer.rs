@@ -1,10 +1,18 @@
 //! A simulated trainer: one operation at a time, each with a fixed cost
 //! scaled by the cell's slowdown factor (micro-steps also by their tokens).
+//!
+//! Collectives, when given their size, cost what a ring moves between the
+//! cells of the prefix: an all-reduce over k members sends 2(k − 1)/k of
+//! the gradient bytes over each link, a broadcast the parameter bytes once.
+//! It also keeps the exact busy time and the time of every optimizer
+//! update, which the lab's reports read.
 
 use std::collections::VecDeque;
 
 use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use gyre_runtime::{Actor, ActorId, Cx, Nanos};
+
+use gyre_actors::sched::ids::Step;
 
 use crate::costs::TrainerCosts;
 
@@ -15,6 +23,8 @@ pub struct TrainerStats {
     pub tokens: u64,
     pub drains: u64,
     pub updates: u64,
+    /// Time spent on operations.
+    pub busy: Nanos,
 }
 
 #[derive(Debug)]
@@ -23,7 +33,10 @@ pub struct SimTrainer {
     slowdown: f64,
     queue: VecDeque<TrainerReq>,
     busy: bool,
+    busy_since: Nanos,
     stats: TrainerStats,
+    /// When each optimizer update finished, by step.
+    updated_at: Vec<(Step, Nanos)>,
 }
 
 impl SimTrainer {
@@ -39,7 +52,9 @@ impl SimTrainer {
             slowdown,
             queue: VecDeque::new(),
             busy: false,
+            busy_since: 0,
             stats: TrainerStats::default(),
+            updated_at: Vec::new(),
         }
     }
 
@@ -47,16 +62,40 @@ impl SimTrainer {
         self.stats
     }
 
+    /// An operation is running now.
+    pub fn is_busy(&self) -> bool {
+        self.busy
+    }
+
+    /// Each optimizer update this trainer made, with when it finished.
+    pub fn updates(&self) -> &[(Step, Nanos)] {
+        &self.updated_at
+    }
+
+    /// Moving `bytes` over one inter-cell link.
+    fn link_time(&self, bytes: f64) -> f64 {
+        bytes / 1024.0 * self.costs.collective_ns_per_kib as f64
+    }
+
     fn cost(&self, req: &TrainerReq) -> Nanos {
         let c = &self.costs;
         let base = match req {
             TrainerReq::Warmup { .. } => c.warmup,
-            TrainerReq::FwdBwd { tokens, .. } => tokens.saturating_mul(c.per_token),
+            TrainerReq::FwdBwd { tokens, .. } => tokens
+                .saturating_mul(c.per_token)
+                .saturating_add(c.per_micro_step),
             TrainerReq::Drain { .. } => c.drain,
             TrainerReq::BuildGroups { .. } => c.build_groups,
-            TrainerReq::Reduce { members, .. } => c.reduce * u64::from((*members).max(1)),
+            TrainerReq::Reduce { members, .. } => {
+                let k = f64::from((*members).max(1));
+                let ring = self.link_time(2.0 * (k - 1.0) / k * c.collective_bytes as f64);
+                c.reduce * u64::from((*members).max(1)) + ring as Nanos
+            }
             TrainerReq::Update { .. } => c.update,
-            TrainerReq::Broadcast { .. } => c.broadcast,
+            TrainerReq::Broadcast { members, .. } => {
+                let to_send = if *members > 1 { c.collective_bytes } else { 0 };
+                c.broadcast + self.link_time(to_send as f64) as Nanos
+            }
         };
         (base as f64 * self.slowdown) as Nanos
     }
@@ -68,6 +107,7 @@ impl SimTrainer {
         if let Some(req) = self.queue.front() {
             self.busy = true;
             let cost = self.cost(req);
+            self.busy_since = cx.now();
             cx.set_timer((), cost);
         }
     }
@@ -84,6 +124,8 @@ impl Actor for SimTrainer {
 
     fn on_timer(&mut self, _t: (), cx: &mut Cx<'_, Self>) {
         self.busy = false;
+        let now = cx.now();
+        self.stats.busy += now.saturating_sub(self.busy_since);
         let Some(req) = self.queue.pop_front() else {
             return;
         };
@@ -124,6 +166,7 @@ impl Actor for SimTrainer {
             }
             TrainerReq::Update { step, reply_to } => {
                 self.stats.updates += 1;
+                self.updated_at.push((step, now));
                 cx.send(reply_to, TrainerEvent::Updated { step });
             }
             TrainerReq::Broadcast { step, reply_to, .. } => {

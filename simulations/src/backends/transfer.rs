@@ -1,10 +1,12 @@
 //! A simulated transfer engine: a latency plus a bandwidth term per read,
 //! registered weight buffers with their version, and a publication cost.
+//! It remembers when each publication finished: the burst boundaries of the
+//! lab's timeline.
 
 use std::collections::BTreeMap;
 
 use gyre_actors::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
-use gyre_runtime::{Actor, ActorId, Cx};
+use gyre_runtime::{Actor, ActorId, Cx, Nanos};
 
 use crate::costs::TransferCosts;
 
@@ -23,6 +25,7 @@ pub struct SimTransfer {
     next_segment: u64,
     ops: BTreeMap<u64, TransferReq>,
     stats: TransferStats,
+    published_at: Vec<Nanos>,
 }
 
 impl SimTransfer {
@@ -33,7 +36,13 @@ impl SimTransfer {
             next_segment: 0,
             ops: BTreeMap::new(),
             stats: TransferStats::default(),
+            published_at: Vec::new(),
         }
+    }
+
+    /// When each publication reached the rollout engines.
+    pub fn published_at(&self) -> &[Nanos] {
+        &self.published_at
     }
 
     pub fn stats(&self) -> TransferStats {
@@ -86,6 +95,7 @@ impl Actor for SimTransfer {
                 version, reply_to, ..
             } => {
                 self.stats.publishes += 1;
+                self.published_at.push(cx.now());
                 cx.send(reply_to, TransferEvent::Published { version });
             }
         }
