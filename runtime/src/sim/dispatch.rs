@@ -4,11 +4,10 @@
 //! This is the hot path (millions of events per second): no formatting, no
 //! encoding unless the codec check is on, one map lookup per event.
 
-use crate::hosted::{BoxMsg, Effect, Env, ErasedIo};
+use crate::hosted::{BoxMsg, DynActor, Effect, Env, ErasedIo};
 use crate::id::{ActorId, NodeId};
 use crate::io::IoError;
-use crate::time::Clock;
-use crate::time::Nanos;
+use crate::time::{Clock, Nanos};
 
 use super::error::{SimError, SimFailure};
 use super::event::{Event, EventKind, Incarnation};
@@ -181,15 +180,23 @@ impl Sim {
         }
     }
 
-    fn fire(&mut self, at: Nanos, seq: u64, id: ActorId, inc: Incarnation, token: u64) -> bool {
-        let Some(slot) = self.slots.get_mut(&id) else {
-            return false;
-        };
+    /// Runs `f` on the live actor hosted as `id` (only in incarnation `inc`
+    /// when one is given) with the environment of an event at `at`. Returns
+    /// the incarnation it ran in, or `None` when there was no such actor or
+    /// `f` found nothing to do.
+    fn run_actor(
+        &mut self,
+        at: Nanos,
+        id: ActorId,
+        inc: Option<Incarnation>,
+        f: impl FnOnce(&mut dyn DynActor, &mut Env<'_>) -> bool,
+    ) -> Option<Incarnation> {
+        let slot = self.slots.get_mut(&id)?;
         let Body::Actor(actor) = &mut slot.body else {
-            return false;
+            return None;
         };
-        if slot.inc != inc {
-            return false;
+        if inc.is_some_and(|inc| inc != slot.inc) {
+            return None;
         }
         let mut env = Env {
             now: Clock::fixed(at),
@@ -197,9 +204,13 @@ impl Sim {
             effects: &mut self.effects,
             ids: &self.ids,
         };
-        if !actor.fire(token, &mut env) {
+        f(actor.as_mut(), &mut env).then_some(slot.inc)
+    }
+
+    fn fire(&mut self, at: Nanos, seq: u64, id: ActorId, inc: Incarnation, token: u64) -> bool {
+        let Some(inc) = self.run_actor(at, id, Some(inc), |a, env| a.fire(token, env)) else {
             return false;
-        }
+        };
         self.now = at;
         self.trace.record(at, seq, Mark::Timer, id, id, token);
         self.apply_effects(id, inc);
@@ -207,22 +218,13 @@ impl Sim {
     }
 
     fn start(&mut self, at: Nanos, seq: u64, id: ActorId, inc: Incarnation) -> bool {
-        let Some(slot) = self.slots.get_mut(&id) else {
+        let started = self.run_actor(at, id, Some(inc), |a, env| {
+            a.start(env);
+            true
+        });
+        let Some(inc) = started else {
             return false;
         };
-        let Body::Actor(actor) = &mut slot.body else {
-            return false;
-        };
-        if slot.inc != inc {
-            return false;
-        }
-        let mut env = Env {
-            now: Clock::fixed(at),
-            run_seed: self.cfg.seed,
-            effects: &mut self.effects,
-            ids: &self.ids,
-        };
-        actor.start(&mut env);
         self.now = at;
         self.trace
             .record(at, seq, Mark::Start, id, id, u64::from(inc));
@@ -231,20 +233,13 @@ impl Sim {
     }
 
     fn peer_down(&mut self, at: Nanos, seq: u64, id: ActorId, node: NodeId) -> bool {
-        let Some(slot) = self.slots.get_mut(&id) else {
+        let told = self.run_actor(at, id, None, |a, env| {
+            a.peer_down(node, env);
+            true
+        });
+        let Some(inc) = told else {
             return false;
         };
-        let Body::Actor(actor) = &mut slot.body else {
-            return false;
-        };
-        let inc = slot.inc;
-        let mut env = Env {
-            now: Clock::fixed(at),
-            run_seed: self.cfg.seed,
-            effects: &mut self.effects,
-            ids: &self.ids,
-        };
-        actor.peer_down(node, &mut env);
         self.now = at;
         self.trace
             .record(at, seq, Mark::PeerDown, id, id, u64::from(node.0));
