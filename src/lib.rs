@@ -12,3 +12,4 @@ pub use gyre_runtime as runtime;
 pub use gyre_simulations as simulations;
 
 pub mod cli;
+pub mod embedded;

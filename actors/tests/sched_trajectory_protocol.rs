@@ -141,6 +141,7 @@ impl Rig {
             status,
             tokens: 0,
             deadline,
+            records: Vec::new(),
         };
         self.sim
             .inject(TESTER, self.evaluator, EvaluatorMsg::Evaluate(job));

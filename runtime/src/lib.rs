@@ -14,6 +14,7 @@
 #[cfg(feature = "actix")]
 pub mod actix_host;
 pub mod actor;
+pub mod blob;
 pub mod codec;
 pub mod cx;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod time;
 pub mod timers;
 
 pub use actor::{Actor, External, Message};
+pub use blob::{BlobError, BlobId, BlobStore, MemBlobs, get_decoded, put_encoded};
 pub use codec::{Bincode, Codec, CodecError};
 pub use cx::Cx;
 pub use error::RuntimeError;

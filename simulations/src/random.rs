@@ -3,7 +3,7 @@
 //! streaming on or off, random workloads, failures and switch costs. Each
 //! is drawn from the seed alone, so a failing seed names its configuration.
 
-use gyre_actors::sched::{DispatchMode, Policy, SchedConfig};
+use gyre_actors::sched::{DispatchMode, Policy, SampleMode, SchedConfig};
 use gyre_runtime::{MILLIS, SECS};
 use rand::{Rng, SeedableRng};
 
@@ -63,6 +63,7 @@ pub fn small_config(seed: u64) -> ClusterConfig {
         short_micro_steps: rng.random_range(1..=3),
         overall_timeout: 1_800 * SECS,
         eval_retry: rng.random_range(1..=30) * SECS,
+        samples: SampleMode::Counted,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     let costs = &mut cfg.costs;

@@ -11,9 +11,9 @@
 use gyre_actors::sched::ids::EngineIx;
 use gyre_actors::sched::proto::port;
 use gyre_actors::sched::scheduler::{Backends, Scheduler};
-use gyre_actors::sched::{ConfigError, SchedConfig};
+use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
 use gyre_runtime::sim::{Latency, LinkModel, Sim, SimConfig};
-use gyre_runtime::{Addr, MICROS, MILLIS, NodeId};
+use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs, NodeId};
 
 use crate::backends::{SimEngine, SimEvaluator, SimHarness, SimMemory, SimTrainer, SimTransfer};
 use crate::costs::Costs;
@@ -129,6 +129,10 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
         harness: port(harness),
         evaluator: port(evaluator),
         kv_bytes_per_token: costs.kv_bytes_per_token,
+        // Simulated backends send no payloads; a Recorded run still needs
+        // a store to be a valid configuration.
+        blobs: matches!(cfg.sched.samples, SampleMode::Recorded(_))
+            .then(|| -> std::sync::Arc<dyn BlobStore> { MemBlobs::shared() }),
     };
     let scheduler = Scheduler::new(cfg.sched.clone(), ports)?;
     let sched = sim.spawn(NodeId(0), scheduler);

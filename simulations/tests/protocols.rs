@@ -19,7 +19,7 @@ use gyre_actors::sched::queue::{MicroQueue, MicroStep, QueueMsg};
 use gyre_actors::sched::scheduler::SchedMsg;
 use gyre_actors::trajectory::scoring::Outcome;
 use gyre_runtime::sim::{Sim, SimConfig};
-use gyre_runtime::{ActorId, Addr, External, Message, NodeId};
+use gyre_runtime::{ActorId, Addr, BlobId, External, Message, NodeId};
 
 const TESTER: ActorId = ActorId::new(99, 1);
 
@@ -77,6 +77,7 @@ impl ProxyRig {
             ProxyMsg::Call {
                 call: c,
                 prompt_tokens: 100,
+                prompt: prompt_of(c),
                 reply_to,
             },
         );
@@ -100,10 +101,24 @@ impl ProxyRig {
     }
 }
 
+/// The prompt handle a harness would send with `c`.
+fn prompt_of(c: CallId) -> BlobId {
+    BlobId(1_000 + c.exec.0 * 100 + u64::from(c.seq))
+}
+
+/// Every attempt of a call must carry the harness's prompt handle.
 fn serves(reqs: &[EngineReq]) -> Vec<(CallId, u32)> {
     reqs.iter()
         .filter_map(|r| match r {
-            EngineReq::Serve { call, attempt, .. } => Some((*call, *attempt)),
+            EngineReq::Serve {
+                call,
+                attempt,
+                prompt,
+                ..
+            } => {
+                assert_eq!(*prompt, prompt_of(*call), "the same prompt handle");
+                Some((*call, *attempt))
+            }
             _ => None,
         })
         .collect()
@@ -146,12 +161,14 @@ fn proxy_retries_a_cancelled_call_on_the_new_route_and_answers_once() {
         attempt: 1,
         output_tokens: 1,
         version: 0,
+        output: BlobId(51),
     });
     r.engine(CallEvent::Done {
         call: c,
         attempt: 2,
         output_tokens: 7,
         version: 0,
+        output: BlobId(52),
     });
     let answers = got(&mut r.sim, r.exec);
     assert_eq!(answers.len(), 1);
@@ -159,6 +176,7 @@ fn proxy_retries_a_cancelled_call_on_the_new_route_and_answers_once() {
         answers[0],
         ExecMsg::Answer {
             output_tokens: 7,
+            output: BlobId(52),
             ..
         }
     ));
@@ -213,6 +231,7 @@ fn proxy_forgets_a_closed_execution() {
         attempt: 1,
         output_tokens: 1,
         version: 0,
+        output: BlobId::NONE,
     });
     assert!(got(&mut r.sim, r.exec).is_empty());
     // A route that arrives after the close is not resurrected.
@@ -233,6 +252,7 @@ fn mstep(step: u64, seq: u32) -> MicroStep {
         id: MicroStepId { step, seq },
         group: GroupId(0),
         tokens: 10,
+        rows: BlobId(u64::from(seq) + 1),
     }
 }
 
@@ -359,6 +379,7 @@ fn packer_takes_oldest_version_first_and_stays_one_batch_ahead() {
                     exec: ExecId(g * 10),
                     outcome,
                     tokens,
+                    records: Vec::new(),
                 }],
             },
         );
@@ -644,12 +665,15 @@ fn a_training_cell_warms_up_once_drains_once_and_returns_after_its_batch() {
             r.send(TrainerEvent::Warm { step: 4 });
             assert!(matches!(
                 got(&mut r.sim, r.trainer)[..],
-                [TrainerReq::FwdBwd { .. }]
+                [TrainerReq::FwdBwd {
+                    rows: BlobId(1),
+                    ..
+                }]
             ));
         } else {
             assert!(
-                matches!(reqs[..], [TrainerReq::FwdBwd { .. }]),
-                "one warm-up per batch"
+                matches!(reqs[..], [TrainerReq::FwdBwd { rows, .. }] if rows == mstep(4, seq).rows),
+                "one warm-up per batch; the rows handle of the granted micro-step"
             );
         }
         r.send(TrainerEvent::Computed {

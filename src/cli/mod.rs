@@ -4,6 +4,7 @@ pub mod demo;
 pub mod logging;
 pub mod simulate;
 pub mod trace;
+pub mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -42,6 +43,9 @@ pub enum Command {
     /// Compare scheduling policies on a published workload in the
     /// simulator: tables, JSON, plots, and the workload profile.
     Simulate(simulate::SimulateArgs),
+    /// Train the embedded policy online on the built-in agent task through
+    /// the whole elastic system, in the deterministic simulator.
+    Train(train::TrainArgs),
 }
 
 /// Runs one parsed command line.
@@ -58,5 +62,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Trace(args) => trace::run(args),
         Command::Simulate(args) => simulate::run(args),
+        Command::Train(args) => train::run(args),
     }
 }

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::ids::{ExecId, GroupId, Version};
@@ -45,6 +45,8 @@ pub enum BufferMsg {
         v_d: Version,
         outcome: Outcome,
         tokens: u64,
+        /// The execution's TITO record handles, kept with its sample.
+        records: Vec<BlobId>,
     },
     /// Hand a ready group to the packer.
     Take {
@@ -142,6 +144,7 @@ impl Buffer {
             exec,
             outcome: Outcome::Pending { attempts: 0 },
             tokens: 0,
+            records: Vec::new(),
         });
         match &mut slot.outcome {
             Outcome::Pending { attempts } => *attempts += 1,
@@ -206,11 +209,13 @@ impl Actor for Buffer {
                 v_d,
                 outcome,
                 tokens,
+                records,
             } => {
                 let sample = Sample {
                     exec,
                     outcome,
                     tokens,
+                    records,
                 };
                 if self.resolved(sample, group, v_d) {
                     self.announce(group, v_d, cx);
@@ -257,6 +262,7 @@ mod tests {
                     exec: ExecId(*exec),
                     outcome: outcome.clone(),
                     tokens: 10,
+                    records: Vec::new(),
                 };
                 b.resolved(sample, GroupId(0), 0)
             })
@@ -297,7 +303,8 @@ mod tests {
             Sample {
                 exec: ExecId(0),
                 outcome: valid_zero(),
-                tokens: 3
+                tokens: 3,
+                records: Vec::new(),
             },
             GroupId(0),
             0
@@ -313,6 +320,7 @@ mod tests {
             exec: ExecId(1),
             outcome: valid_zero(),
             tokens: 3,
+            records: Vec::new(),
         };
         assert!(b.resolved(late.clone(), GroupId(0), 0));
         // A second final result is refused, and so is anything once ready.
@@ -328,6 +336,7 @@ mod tests {
             exec: ExecId(0),
             outcome,
             tokens: 42,
+            records: Vec::new(),
         };
         let partial = Outcome::Valid {
             score: 0.5,

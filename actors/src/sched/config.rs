@@ -9,6 +9,8 @@
 use gyre_runtime::{MILLIS, Nanos, SECS};
 use serde::{Deserialize, Serialize};
 
+use crate::sched::samples::RecordedConfig;
+
 /// Who trains when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Policy {
@@ -32,6 +34,16 @@ pub enum DispatchMode {
     /// Dispatch slots are refilled as soon as a training step frees them
     /// (N·B after every step) instead of at publications.
     Continuous,
+}
+
+/// Where the packer's rows come from (see [`crate::sched::samples`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub enum SampleMode {
+    /// The evaluator's token counts: the simulator's mode.
+    #[default]
+    Counted,
+    /// TITO records by handle from the backends' blob store, as trees.
+    Recorded(RecordedConfig),
 }
 
 /// The scheduling plane's parameters (symbols of SPEC 2).
@@ -72,6 +84,9 @@ pub struct SchedConfig {
     pub overall_timeout: Nanos,
     /// Delay before a failed evaluation is retried on the same state.
     pub eval_retry: Nanos,
+    /// Counted in the simulator; Recorded needs the backends' blob store.
+    #[serde(default)]
+    pub samples: SampleMode,
 }
 
 impl Default for SchedConfig {
@@ -94,6 +109,7 @@ impl Default for SchedConfig {
             short_micro_steps: 2,
             overall_timeout: 3_600 * SECS,
             eval_retry: SECS,
+            samples: SampleMode::Counted,
         }
     }
 }
@@ -119,6 +135,8 @@ pub enum ConfigError {
         "Async trains on 1..=K cells and must leave rollout capacity: train_cells = {train}, K = {k}, C_s = {pool}"
     )]
     AsyncSplit { train: u32, k: u32, pool: u32 },
+    #[error("samples: {0}")]
+    Samples(String),
 }
 
 /// Values derived once from a valid configuration.

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, Nanos};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::buffer::{Buffer, BufferMsg};
@@ -30,7 +30,7 @@ use crate::trajectory::scoring::{
 };
 
 /// A closed execution to evaluate.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalJob {
     pub exec: ExecId,
     pub group: GroupId,
@@ -39,6 +39,9 @@ pub struct EvalJob {
     pub tokens: u64,
     /// End of the execution's total time budget.
     pub deadline: Nanos,
+    /// Handles of the execution's TITO records, in call-answer order
+    /// (empty in the simulator); passed through to the buffer unread.
+    pub records: Vec<BlobId>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -132,7 +135,7 @@ impl Evaluator {
         self.jobs.len()
     }
 
-    fn resolve(&mut self, job: &EvalJob, outcome: Outcome, cx: &mut Cx<'_, Self>) {
+    fn resolve(&mut self, job: EvalJob, outcome: Outcome, cx: &mut Cx<'_, Self>) {
         match outcome {
             Outcome::Valid { .. } => self.stats.scored += 1,
             Outcome::Dummy => self.stats.dummies += 1,
@@ -147,6 +150,7 @@ impl Evaluator {
                 v_d: job.v_d,
                 outcome,
                 tokens: job.tokens,
+                records: job.records,
             },
         );
     }
@@ -178,18 +182,19 @@ impl Evaluator {
         // Closed at (or past) the end of its budget: nothing left to score in.
         scoring.expire(now);
         if scoring.wants_evaluation(now) {
+            let exec = job.exec;
             self.jobs.insert(
-                job.exec,
+                exec,
                 Job {
                     job,
                     scoring,
                     attempt: 0,
                 },
             );
-            self.ask(job.exec, 0, cx);
+            self.ask(exec, 0, cx);
         } else {
             let outcome = scoring.outcome().clone();
-            self.resolve(&job, outcome, cx);
+            self.resolve(job, outcome, cx);
         }
     }
 
@@ -233,7 +238,7 @@ impl Evaluator {
         }
         if outcome.is_final() {
             if let Some(j) = self.jobs.remove(&exec) {
-                self.resolve(&j.job, outcome, cx);
+                self.resolve(j.job, outcome, cx);
             }
             return;
         }
@@ -283,7 +288,7 @@ impl Actor for Evaluator {
         }
         let outcome = j.scoring.expire(now).clone();
         if let Some(j) = self.jobs.remove(&exec) {
-            self.resolve(&j.job, outcome, cx);
+            self.resolve(j.job, outcome, cx);
         }
     }
 }

@@ -9,7 +9,7 @@
 //! Closing moves f (SPEC 2.2) and hands the run to the evaluator; the actor
 //! then stops.
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, Nanos};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::evaluator::{EvalJob, Evaluator};
@@ -55,11 +55,13 @@ pub enum ExecMsg {
     /// From the scheduler: stop a running execution.
     Cancel,
     Harness(HarnessEvent),
-    /// From the proxy: the answer to one model call.
+    /// From the proxy: the answer to one model call; `output` holds its
+    /// TITO record (see [`crate::sched::proto::payload`]).
     Answer {
         call: CallId,
         output_tokens: u64,
         version: Version,
+        output: BlobId,
     },
 }
 
@@ -88,6 +90,9 @@ pub struct Execution {
     answered: u32,
     /// Output tokens sampled by the policy: the trainable targets.
     tokens: u64,
+    /// Record handles of the answered calls, in answer order; handed on to
+    /// the evaluator, never read here.
+    records: Vec<BlobId>,
 }
 
 impl Execution {
@@ -109,6 +114,7 @@ impl Execution {
             calls: 0,
             answered: 0,
             tokens: 0,
+            records: Vec::new(),
         }
     }
 
@@ -147,6 +153,7 @@ impl Execution {
                 status,
                 tokens: self.tokens,
                 deadline: self.started_at.saturating_add(self.overall_timeout),
+                records: std::mem::take(&mut self.records),
             },
         );
         cx.stop();
@@ -180,6 +187,7 @@ impl Actor for Execution {
             ExecMsg::Harness(HarnessEvent::ModelCall {
                 call,
                 prompt_tokens,
+                prompt,
             }) => {
                 if self.state != ExecState::Running || call.exec != self.id {
                     return;
@@ -191,6 +199,7 @@ impl Actor for Execution {
                     ProxyMsg::Call {
                         call,
                         prompt_tokens,
+                        prompt,
                         reply_to,
                     },
                 );
@@ -206,6 +215,7 @@ impl Actor for Execution {
             ExecMsg::Answer {
                 call,
                 output_tokens,
+                output,
                 ..
             } => {
                 if self.state != ExecState::Running {
@@ -213,11 +223,15 @@ impl Actor for Execution {
                 }
                 self.answered += 1;
                 self.tokens += output_tokens;
+                if output.is_some() {
+                    self.records.push(output);
+                }
                 cx.send(
                     self.links.harness,
                     HarnessReq::Answer {
                         call,
                         output_tokens,
+                        output,
                     },
                 );
             }

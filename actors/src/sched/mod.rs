@@ -27,5 +27,5 @@ pub mod queue;
 pub mod samples;
 pub mod scheduler;
 
-pub use config::{ConfigError, DispatchMode, Policy, SchedConfig};
+pub use config::{ConfigError, DispatchMode, Policy, SampleMode, SchedConfig};
 pub use ids::{CallId, EngineIx, ExecId, GroupId, MicroStepId, Step, SwitchId, Version};

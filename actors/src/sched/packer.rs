@@ -18,13 +18,17 @@
 //! a real run (see [`crate::sched::samples`]). Large payloads never travel
 //! in messages: the trees stay here from the first record to admission, and
 //! the queue and the training cells see micro-step descriptors (id, group,
-//! token count) whose id is the handle of the token rows kept here until the
-//! batch is trained. A live trainer reads them by that handle (through the
-//! transfer engine across processes; [`Packer::payload`] in process).
+//! token count, rows handle). With a blob store ([`Packer::with_blobs`]) the
+//! packer puts each micro-step's [`MicroStepRows`] there and the trainer
+//! reads (and releases) them by the descriptor's handle; in process the
+//! rows also stay readable through [`Packer::payload`] until the batch is
+//! trained. Record handles of a taken group go to the source
+//! ([`SampleSource::attach`]) before the group is planned.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, BlobStore, Cx, put_encoded};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -37,7 +41,7 @@ use crate::sched::samples::{Counted, GroupCtx, Sample, SampleSource, plan_group}
 use crate::sched::scheduler::{SchedMsg, Scheduler};
 use crate::trajectory::TitoRecord;
 use crate::trajectory::objective::ObjectiveConfig;
-use crate::trajectory::packing::{RowChunk, TokenRow};
+use crate::trajectory::packing::{MicroStepRows, RowChunk, TokenRow};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum PackerMsg {
@@ -142,6 +146,8 @@ pub struct Packer {
     rows: BTreeMap<GroupId, Vec<TokenRow>>,
     /// What each micro-step holds of its group's rows.
     chunks: BTreeMap<MicroStepId, (GroupId, Vec<RowChunk>)>,
+    /// Where micro-step rows are put for the trainers.
+    blobs: Option<Arc<dyn BlobStore>>,
     stats: PackerStats,
 }
 
@@ -164,6 +170,7 @@ impl Packer {
             batch_execs: 0,
             rows: BTreeMap::new(),
             chunks: BTreeMap::new(),
+            blobs: None,
             stats: PackerStats::default(),
         }
     }
@@ -171,6 +178,12 @@ impl Packer {
     /// Trains from `source` instead of the evaluator's token counts.
     pub fn with_source(mut self, source: Box<dyn SampleSource>) -> Self {
         self.source = source;
+        self
+    }
+
+    /// Puts each micro-step's token rows in `blobs` and sends the handle.
+    pub fn with_blobs(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.blobs = Some(blobs);
         self
     }
 
@@ -274,6 +287,17 @@ impl Packer {
             seed: self.seed,
             objective: self.objective,
         };
+        for s in samples {
+            match self.source.attach(s.exec, &s.records) {
+                Ok(n) => self.stats.records += n as u64,
+                // The execution has no rows now; planning counts that as
+                // its sample error if it was to train.
+                Err(error) => {
+                    self.stats.rejected_records += 1;
+                    tracing::warn!(?group, %error, "records of an execution unusable");
+                }
+            }
+        }
         let plan = plan_group(self.source.as_mut(), samples, &ctx);
         self.batch_execs = self
             .batch_execs
@@ -291,10 +315,15 @@ impl Packer {
                 seq: self.msteps.len() as u32,
             };
             self.msteps.push(id);
+            let rows = match &self.blobs {
+                Some(store) if keep_rows => put_rows(store.as_ref(), &plan.rows, &packed.chunks),
+                _ => BlobId::NONE,
+            };
             msteps.push(MicroStep {
                 id,
                 group,
                 tokens: u64::from(packed.tokens),
+                rows,
             });
             if keep_rows {
                 self.chunks.insert(id, (group, packed.chunks));
@@ -366,6 +395,22 @@ impl Packer {
         );
         self.step += 1;
         self.batch_execs = 0;
+    }
+}
+
+/// Stores one micro-step's rows; [`BlobId::NONE`] (logged) if they cannot
+/// be, which the trainer treats as a micro-step without a payload.
+fn put_rows(store: &dyn BlobStore, rows: &[TokenRow], chunks: &[RowChunk]) -> BlobId {
+    let Some(m) = MicroStepRows::extract(rows, chunks) else {
+        tracing::error!("a micro-step chunk points past its group's rows");
+        return BlobId::NONE;
+    };
+    match put_encoded(store, &m) {
+        Ok(id) => id,
+        Err(error) => {
+            tracing::error!(%error, "micro-step rows could not be encoded");
+            BlobId::NONE
+        }
     }
 }
 

@@ -6,10 +6,17 @@
 //! so the harness never sees an error because of a role change (SPEC 2.5
 //! step 3). Each call is answered to its execution exactly once, whatever
 //! number of attempts it took. Reroutes are counted per execution.
+//!
+//! Payloads pass by handle: a call's prompt handle is resent unchanged by
+//! every attempt (the harness owns it), and an answer's record handle goes to
+//! the execution. The record of an answer nobody waits for any more (a
+//! cancelled attempt that finished anyway, a closed execution) would have no
+//! owner, so the proxy releases it when it was given the store.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, BlobStore, Cx};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::cell::{Cell, CellMsg};
@@ -40,6 +47,7 @@ pub enum ProxyMsg {
     Call {
         call: CallId,
         prompt_tokens: u64,
+        prompt: BlobId,
         reply_to: Addr<Execution>,
     },
     Engine(CallEvent),
@@ -55,6 +63,8 @@ impl From<CallEvent> for ProxyMsg {
 struct PendingCall {
     reply_to: Addr<Execution>,
     prompt_tokens: u64,
+    /// Resent as is by every attempt: the harness owns it until answered.
+    prompt: BlobId,
     attempt: u32,
     /// The engine serving the current attempt; `None` while held.
     at: Option<EngineIx>,
@@ -79,6 +89,7 @@ pub struct Proxy {
     closed: BTreeSet<ExecId>,
     calls: BTreeMap<CallId, PendingCall>,
     reroutes: BTreeMap<ExecId, u32>,
+    blobs: Option<Arc<dyn BlobStore>>,
     stats: ProxyStats,
 }
 
@@ -90,8 +101,15 @@ impl Proxy {
             closed: BTreeSet::new(),
             calls: BTreeMap::new(),
             reroutes: BTreeMap::new(),
+            blobs: None,
             stats: ProxyStats::default(),
         }
+    }
+
+    /// Releases the records of answers that arrive too late to be used.
+    pub fn with_blobs(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.blobs = Some(blobs);
+        self
     }
 
     pub fn stats(&self) -> ProxyStats {
@@ -151,6 +169,7 @@ impl Proxy {
                 call,
                 attempt: p.attempt,
                 prompt_tokens: p.prompt_tokens,
+                prompt: p.prompt,
                 reply_to,
             },
         );
@@ -232,6 +251,7 @@ impl Actor for Proxy {
             ProxyMsg::Call {
                 call,
                 prompt_tokens,
+                prompt,
                 reply_to,
             } => {
                 if self.closed.contains(&call.exec) || self.calls.contains_key(&call) {
@@ -243,6 +263,7 @@ impl Actor for Proxy {
                     PendingCall {
                         reply_to,
                         prompt_tokens,
+                        prompt,
                         attempt: 0,
                         at: None,
                     },
@@ -254,8 +275,12 @@ impl Actor for Proxy {
                 attempt,
                 output_tokens,
                 version,
+                output,
             }) => {
                 if self.calls.get(&call).is_none_or(|p| p.attempt != attempt) {
+                    if let Some(store) = self.blobs.as_ref().filter(|_| output.is_some()) {
+                        store.release(output);
+                    }
                     return;
                 }
                 if let Some(p) = self.calls.remove(&call) {
@@ -266,6 +291,7 @@ impl Actor for Proxy {
                             call,
                             output_tokens,
                             version,
+                            output,
                         },
                     );
                 }

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::cell::{Cell, CellMsg};
@@ -23,6 +23,9 @@ pub struct MicroStep {
     pub id: MicroStepId,
     pub group: GroupId,
     pub tokens: u64,
+    /// Its [`crate::trajectory::packing::MicroStepRows`], or
+    /// [`BlobId::NONE`] when the packer keeps counts only or has no store.
+    pub rows: BlobId,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

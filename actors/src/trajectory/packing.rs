@@ -113,6 +113,41 @@ pub struct MicroStep {
     pub tokens: u32,
 }
 
+/// What a trainer reads behind a micro-step's row handle: only the rows the
+/// micro-step's chunks touch, so a handle never drags a whole group along.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MicroStepRows {
+    pub rows: Vec<TokenRow>,
+    /// The micro-step's chunks, in order; `row` indexes [`Self::rows`].
+    pub chunks: Vec<RowChunk>,
+}
+
+impl MicroStepRows {
+    /// Extracts the rows `chunks` touch from `rows` (the group's), renumbering
+    /// the chunks into the extract. `None` when a chunk points past `rows`.
+    pub fn extract(rows: &[TokenRow], chunks: &[RowChunk]) -> Option<Self> {
+        let mut index: Vec<(u32, u32)> = Vec::new();
+        let mut out = MicroStepRows {
+            rows: Vec::new(),
+            chunks: Vec::with_capacity(chunks.len()),
+        };
+        for ch in chunks {
+            let at = match index.iter().find(|(from, _)| *from == ch.row) {
+                Some(&(_, to)) => to,
+                None => {
+                    let row = rows.get(ch.row as usize)?;
+                    let to = out.rows.len() as u32;
+                    out.rows.push(row.clone());
+                    index.push((ch.row, to));
+                    to
+                }
+            };
+            out.chunks.push(RowChunk { row: at, ..*ch });
+        }
+        Some(out)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PackingError {
     #[error("the micro-step token budget must be positive")]
@@ -272,6 +307,38 @@ mod tests {
         assert!(where_is(0, 0) < where_is(0, 10));
         assert!(where_is(0, 10) < where_is(0, 20));
         assert_eq!(pack(&rows, 0), Err(PackingError::ZeroBudget));
+    }
+
+    #[test]
+    fn extracted_rows_hold_the_same_tokens_as_the_group() {
+        let mut rows = vec![row(25), row(3), row(7), row(10)];
+        for (i, r) in rows.iter_mut().enumerate() {
+            r.execution = i as u32;
+        }
+        let steps = pack(&rows, 10).unwrap();
+        for s in &steps {
+            let m = MicroStepRows::extract(&rows, &s.chunks).unwrap();
+            assert_eq!(m.chunks.len(), s.chunks.len());
+            // Each touched row appears once, and only touched rows appear.
+            let mut touched: Vec<u32> = s.chunks.iter().map(|c| c.row).collect();
+            touched.sort_unstable();
+            touched.dedup();
+            assert_eq!(m.rows.len(), touched.len());
+            assert_eq!(
+                flatten_targets(&m.rows, &m.chunks).view().coefficients,
+                flatten_targets(&rows, &s.chunks).view().coefficients
+            );
+            for (a, b) in m.chunks.iter().zip(&s.chunks) {
+                assert_eq!((a.start, a.end), (b.start, b.end));
+                assert_eq!(m.rows[a.row as usize], rows[b.row as usize]);
+            }
+        }
+        let bad = [RowChunk {
+            row: 9,
+            start: 0,
+            end: 1,
+        }];
+        assert_eq!(MicroStepRows::extract(&rows, &bad), None);
     }
 
     #[test]

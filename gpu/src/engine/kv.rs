@@ -196,6 +196,36 @@ impl KvSnapshot {
         (layer * 2 + kv) * self.tokens.len() * self.width
     }
 
+    /// The keys and values of the first `n` tokens only (all of them when
+    /// `n` is larger): a later request that shares just that much of the
+    /// prompt can still reuse them, where the whole snapshot would not fit
+    /// its prompt. Fails when `data` does not match the shape it claims.
+    pub fn prefix(&self, n: usize) -> Result<KvSnapshot, ModelError> {
+        let old = self.tokens.len();
+        let n = n.min(old);
+        let rows = self.layers * 2;
+        if self.data.len() != rows * old * self.width {
+            return Err(ModelError::Bytes(format!(
+                "KV snapshot: {} floats for {rows} rows of {old} tokens of width {}",
+                self.data.len(),
+                self.width
+            )));
+        }
+        let mut data = Vec::with_capacity(rows * n * self.width);
+        for row in 0..rows {
+            let at = row * old * self.width;
+            data.extend_from_slice(&self.data[at..at + n * self.width]);
+        }
+        Ok(KvSnapshot {
+            fingerprint: self.fingerprint,
+            version: self.version,
+            layers: self.layers,
+            width: self.width,
+            tokens: self.tokens[..n].to_vec(),
+            data,
+        })
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(48 + self.tokens.len() * 4 + self.data.len() * 4);
         out.extend_from_slice(MAGIC);
@@ -299,6 +329,42 @@ mod tests {
         let mut keys = vec![9.0; 15];
         geo.read_rows(&region, &blocks, Rows::new(1, 0, 0, 5), &mut keys);
         assert!(keys.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn prefix_keeps_each_rows_first_tokens() {
+        // 2 layers, width 2, 3 tokens: rows [l0 k, l0 v, l1 k, l1 v].
+        let s = KvSnapshot {
+            fingerprint: 7,
+            version: 3,
+            layers: 2,
+            width: 2,
+            tokens: vec![10, 11, 12],
+            data: (0..24).map(|x| x as f32).collect(),
+        };
+        let p = s.prefix(2).unwrap();
+        assert_eq!(p.tokens, vec![10, 11]);
+        assert_eq!(
+            p.data,
+            vec![
+                0., 1., 2., 3., 6., 7., 8., 9., 12., 13., 14., 15., 18., 19., 20., 21.
+            ]
+        );
+        assert_eq!((p.fingerprint, p.version, p.layers, p.width), (7, 3, 2, 2));
+        // Every row of the prefix is where row_offset says it is.
+        for layer in 0..2 {
+            for kv in 0..2 {
+                let (a, b) = (p.row_offset(layer, kv), s.row_offset(layer, kv));
+                assert_eq!(p.data[a..a + 4], s.data[b..b + 4]);
+            }
+        }
+        assert_eq!(s.prefix(9).unwrap(), s);
+        assert!(s.prefix(0).unwrap().data.is_empty());
+        let bad = KvSnapshot {
+            data: vec![0.0; 5],
+            ..s
+        };
+        assert!(bad.prefix(1).is_err());
     }
 
     #[test]

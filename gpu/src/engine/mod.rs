@@ -119,6 +119,16 @@ pub struct Engine {
     generated: u64,
 }
 
+/// A summary: the state worth logging, not the caches.
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("version", &self.version)
+            .field("running", &self.running.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Engine {
     /// An engine serving `params` (their version is the serving version).
     pub fn new(cfg: EngineConfig, params: &ParamBuffer) -> Result<Self, EngineError> {

@@ -81,6 +81,17 @@ pub struct Trainer {
     acc: Accumulated,
 }
 
+/// A summary: the state worth logging, not the tensors.
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("version", &self.version)
+            .field("core", &self.optim.is_some())
+            .field("accumulated", &self.acc.micro_steps)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Trainer {
     /// A training cell holding `params`.
     pub fn new(cfg: &ModelConfig, params: &ParamBuffer) -> Result<Self, TrainerError> {

@@ -18,7 +18,7 @@ use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
 use gyre_actors::sched::proxy::Proxy;
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx};
 use rustc_hash::FxHashMap;
 
 use crate::costs::EngineCosts;
@@ -122,6 +122,7 @@ impl Actor for SimEngine {
                 attempt,
                 prompt_tokens,
                 reply_to,
+                ..
             } => {
                 if !self.is_serving() {
                     self.stats.rejected += 1;
@@ -235,6 +236,7 @@ impl Actor for SimEngine {
                         attempt: f.attempt,
                         output_tokens: f.output,
                         version: self.version,
+                        output: BlobId::NONE,
                     },
                 );
             }

@@ -19,7 +19,7 @@ use gyre_actors::sched::execution::{ExecMsg, Execution};
 use gyre_actors::sched::ids::{CallId, ExecId, GroupId};
 use gyre_actors::sched::proto::harness::{HarnessEvent, HarnessOutcome, HarnessReq};
 use gyre_runtime::rng::mix64;
-use gyre_runtime::{Actor, ActorId, Addr, Cx, MILLIS, Nanos, SECS};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, MILLIS, Nanos, SECS};
 use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
@@ -320,6 +320,7 @@ impl SimHarness {
             ExecMsg::Harness(HarnessEvent::ModelCall {
                 call,
                 prompt_tokens,
+                prompt: BlobId::NONE,
             }),
         );
     }
@@ -384,6 +385,7 @@ impl Actor for SimHarness {
             HarnessReq::Answer {
                 call,
                 output_tokens,
+                ..
             } => self.answer(call, output_tokens, cx),
             HarnessReq::Abort { exec } => {
                 if let Some(run) = self.runs.remove(&exec) {

@@ -138,6 +138,7 @@ impl Actor for SimTrainer {
                 mstep,
                 tokens,
                 reply_to,
+                ..
             } => {
                 self.stats.micro_steps += 1;
                 self.stats.tokens += tokens;

@@ -9,7 +9,7 @@
 //! bandwidth scale with the nodes of a cell; rollout capacity is the cell's
 //! C_e; device memory is the cell's GPUs.
 
-use gyre_actors::sched::{DispatchMode, Policy, SchedConfig};
+use gyre_actors::sched::{DispatchMode, Policy, SampleMode, SchedConfig};
 use gyre_runtime::{MILLIS, Nanos, SECS};
 
 use crate::costs::{Costs, Span};
@@ -93,6 +93,7 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
         short_micro_steps: s.training.short_micro_steps,
         overall_timeout: secs(w.overall_timeout_s()),
         eval_retry: secs(s.evaluator.retry_s),
+        samples: SampleMode::Counted,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     cfg.costs = costs(s, run);

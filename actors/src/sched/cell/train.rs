@@ -115,6 +115,7 @@ impl Cell {
             TrainerReq::FwdBwd {
                 mstep: m.id,
                 tokens: m.tokens,
+                rows: m.rows,
                 reply_to,
             },
             cx,

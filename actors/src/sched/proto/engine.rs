@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::sched::cell::Cell;
 use crate::sched::ids::{CallId, EngineIx, ExecId, Version};
 use crate::sched::proxy::Proxy;
-use gyre_runtime::Addr;
+use gyre_runtime::{Addr, BlobId};
 
 /// Pinned KV-cache blocks of one execution's prefix, readable by another
 /// engine through the transfer engine until released.
@@ -26,6 +26,7 @@ pub enum EngineReq {
         call: CallId,
         attempt: u32,
         prompt_tokens: u64,
+        prompt: BlobId,
         reply_to: Addr<Proxy>,
     },
     /// Refuse new calls from now on (SPEC 2.5 step 1).
@@ -70,6 +71,8 @@ pub enum CallEvent {
         attempt: u32,
         output_tokens: u64,
         version: Version,
+        /// The call's TITO record (see [`super::payload`]).
+        output: BlobId,
     },
     /// Cancelled by a role change; the proxy retries on the new route.
     Cancelled { call: CallId, attempt: u32 },

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::sched::execution::Execution;
 use crate::sched::ids::{CallId, ExecId, GroupId};
-use gyre_runtime::Addr;
+use gyre_runtime::{Addr, BlobId};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum HarnessReq {
@@ -17,8 +17,13 @@ pub enum HarnessReq {
         group: GroupId,
         reply_to: Addr<Execution>,
     },
-    /// The answer to one model call.
-    Answer { call: CallId, output_tokens: u64 },
+    /// The answer to one model call; `output` holds its TITO record
+    /// (see [`super::payload`]).
+    Answer {
+        call: CallId,
+        output_tokens: u64,
+        output: BlobId,
+    },
     /// Stop the run (overall timeout or cancellation).
     Abort { exec: ExecId },
 }
@@ -37,6 +42,13 @@ pub enum HarnessOutcome {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum HarnessEvent {
-    ModelCall { call: CallId, prompt_tokens: u64 },
-    Finished { outcome: HarnessOutcome },
+    /// One model call; `prompt` holds its [`super::payload::Prompt`].
+    ModelCall {
+        call: CallId,
+        prompt_tokens: u64,
+        prompt: BlobId,
+    },
+    Finished {
+        outcome: HarnessOutcome,
+    },
 }

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod evaluator;
 pub mod harness;
 pub mod memory;
+pub mod payload;
 pub mod trainer;
 pub mod transfer;
 

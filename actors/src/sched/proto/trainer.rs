@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::sched::cell::Cell;
 use crate::sched::core::Core;
 use crate::sched::ids::{MicroStepId, Step};
-use gyre_runtime::Addr;
+use gyre_runtime::{Addr, BlobId};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum TrainerReq {
@@ -16,6 +16,9 @@ pub enum TrainerReq {
     FwdBwd {
         mstep: MicroStepId,
         tokens: u64,
+        /// The micro-step's [`super::payload::MicroStepRows`]; released by
+        /// the trainer once computed.
+        rows: BlobId,
         reply_to: Addr<Cell>,
     },
     /// Drain the pipeline: once per batch, after the stream closed.

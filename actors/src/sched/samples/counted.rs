@@ -5,6 +5,8 @@
 //! as the output tokens the evaluator counted. It keeps nothing per
 //! execution, so memory stays flat however many tokens a run simulates.
 
+use gyre_runtime::BlobId;
+
 use super::{ExecRows, Rows, Sample, SampleError, SampleSource, Weighting};
 use crate::sched::ids::ExecId;
 use crate::trajectory::TitoRecord;
@@ -15,6 +17,12 @@ pub struct Counted;
 impl SampleSource for Counted {
     fn record(&mut self, exec: ExecId, _record: &TitoRecord) -> Result<(), SampleError> {
         Err(SampleError::CountsOnly { exec })
+    }
+
+    /// Counts need no records: the handles are ignored (the simulator sends
+    /// none).
+    fn attach(&mut self, _exec: ExecId, _records: &[BlobId]) -> Result<usize, SampleError> {
+        Ok(0)
     }
 
     fn rows(&mut self, sample: &Sample, _weighting: &Weighting) -> Result<ExecRows, SampleError> {
@@ -53,6 +61,7 @@ mod tests {
                 partial: true,
             },
             tokens: 120,
+            records: Vec::new(),
         };
         let r = Counted.rows(&valid, &w).unwrap();
         assert_eq!(r.targets, 120);
@@ -68,6 +77,7 @@ mod tests {
         .unwrap()
         .records
         .remove(0);
+        assert_eq!(Counted.attach(ExecId(3), &[BlobId(4)]), Ok(0));
         assert!(matches!(
             Counted.record(ExecId(3), &rec),
             Err(SampleError::CountsOnly { .. })

@@ -140,6 +140,7 @@ mod tests {
             exec: ExecId(exec),
             outcome,
             tokens,
+            records: Vec::new(),
         }
     }
 

@@ -20,6 +20,7 @@ mod recorded;
 
 use std::fmt;
 
+use gyre_runtime::BlobId;
 use serde::{Deserialize, Serialize};
 
 use crate::sched::ids::ExecId;
@@ -40,6 +41,10 @@ pub struct Sample {
     pub outcome: Outcome,
     /// Output tokens the policy sampled, as the evaluator counted them.
     pub tokens: u64,
+    /// Handles of the execution's TITO records (empty in the simulator):
+    /// kept for dummies and excluded executions too, since the source must
+    /// release what it does not use.
+    pub records: Vec<BlobId>,
 }
 
 impl Sample {
@@ -117,6 +122,14 @@ pub enum SampleError {
         #[source]
         source: ProfileError,
     },
+    #[error("{exec:?}: record {blob}: {reason}")]
+    Blob {
+        exec: ExecId,
+        blob: BlobId,
+        reason: String,
+    },
+    #[error("{exec:?}: {records} record handles but the source has no blob store to read them")]
+    NoBlobStore { exec: ExecId, records: usize },
     #[error("{exec:?}: the source mixed token rows with bare lengths in one group")]
     MixedRows { exec: ExecId },
     #[error("group objective: {0}")]
@@ -130,6 +143,12 @@ pub enum SampleError {
 pub trait SampleSource: fmt::Debug + Send + 'static {
     /// Takes one recorded model call of `exec` (the proxy's TITO record).
     fn record(&mut self, exec: ExecId, record: &TitoRecord) -> Result<(), SampleError>;
+
+    /// Takes an execution's record handles (`Sample::records`); returns how
+    /// many records it took in. A source that reads records releases every
+    /// handle it is given, also on error; an error leaves `exec` with
+    /// nothing to train.
+    fn attach(&mut self, exec: ExecId, records: &[BlobId]) -> Result<usize, SampleError>;
 
     /// The admitted rows of an execution whose outcome trains. Consumes
     /// whatever the source held for it.

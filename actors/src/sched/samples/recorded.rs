@@ -9,11 +9,19 @@
 //! seed fixed per execution, and the admitted paths are materialised with
 //! the execution's advantage and coefficient on every target token. The
 //! tree is dropped as soon as its rows exist.
+//!
+//! Records come inline ([`SampleSource::record`]) or by handle
+//! ([`SampleSource::attach`]) from a blob store given with
+//! [`Recorded::with_blobs`]; a handle is released as soon as its record is
+//! read, so the store holds a record only until its group is taken.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use gyre_runtime::{BlobId, BlobStore, get_decoded};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 use super::{ExecRows, Rows, Sample, SampleError, SampleSource, Weighting};
 use crate::sched::ids::ExecId;
@@ -23,7 +31,7 @@ use crate::trajectory::profile::{ProfileConfig, ProfileError, RuleProfile, class
 use crate::trajectory::{TitoRecord, TrajectoryTree, TreeConfig};
 
 /// How recorded executions become rows.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordedConfig {
     /// J_max: admitted trajectories per execution at most.
     pub jmax: usize,
@@ -48,6 +56,7 @@ pub struct Recorded {
     profile: RuleProfile,
     tree: TreeConfig,
     trees: BTreeMap<ExecId, TrajectoryTree>,
+    blobs: Option<Arc<dyn BlobStore>>,
 }
 
 impl Recorded {
@@ -58,6 +67,28 @@ impl Recorded {
             profile: RuleProfile::new(cfg.profile)?,
             tree: cfg.tree,
             trees: BTreeMap::new(),
+            blobs: None,
+        })
+    }
+
+    /// Reads record handles from `blobs` (and releases them there).
+    pub fn with_blobs(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.blobs = Some(blobs);
+        self
+    }
+
+    /// Reads and releases one record handle.
+    fn take_record(
+        store: &dyn BlobStore,
+        exec: ExecId,
+        blob: BlobId,
+    ) -> Result<TitoRecord, SampleError> {
+        let got = get_decoded::<TitoRecord>(store, blob);
+        store.release(blob);
+        got.map_err(|e| SampleError::Blob {
+            exec,
+            blob,
+            reason: e.to_string(),
         })
     }
 
@@ -82,6 +113,42 @@ impl SampleSource for Recorded {
                     self.trees.remove(&exec);
                 }
                 Err(SampleError::Insert { exec, source })
+            }
+        }
+    }
+
+    fn attach(&mut self, exec: ExecId, records: &[BlobId]) -> Result<usize, SampleError> {
+        let handles: Vec<BlobId> = records.iter().copied().filter(|b| b.is_some()).collect();
+        if handles.is_empty() {
+            return Ok(0);
+        }
+        let Some(store) = self.blobs.clone() else {
+            return Err(SampleError::NoBlobStore {
+                exec,
+                records: handles.len(),
+            });
+        };
+        let mut first_error = None;
+        let mut taken = 0;
+        for blob in handles {
+            // Every handle is released, also after an error: nobody else
+            // will read it.
+            let rec = Self::take_record(store.as_ref(), exec, blob);
+            if first_error.is_some() {
+                continue;
+            }
+            match rec.and_then(|r| self.record(exec, &r)) {
+                Ok(()) => taken += 1,
+                Err(e) => first_error = Some(e),
+            }
+        }
+        match first_error {
+            None => Ok(taken),
+            Some(e) => {
+                // A trajectory with a call missing is not the one the
+                // policy produced: the execution trains nothing.
+                self.trees.remove(&exec);
+                Err(e)
             }
         }
     }
@@ -150,6 +217,7 @@ mod tests {
                 partial: false,
             },
             tokens: 0,
+            records: Vec::new(),
         }
     }
 
@@ -197,6 +265,56 @@ mod tests {
         assert_eq!(rows(5), rows(5));
         // One trajectory of many candidates: some seed must draw another.
         assert!((6..40).any(|s| rows(s) != rows(5)));
+    }
+
+    #[test]
+    fn records_by_handle_build_the_same_tree_and_are_released() {
+        let store = gyre_runtime::MemBlobs::shared();
+        let trace = generate(&SynthConfig::small(7, "e1")).unwrap();
+        let handles: Vec<BlobId> = trace
+            .records
+            .iter()
+            .map(|r| gyre_runtime::put_encoded(store.as_ref(), r).unwrap())
+            .collect();
+        let mut by_handle = source(2).with_blobs(store.clone());
+        let n = by_handle.attach(ExecId(1), &handles).unwrap();
+        assert_eq!(n, trace.records.len());
+        assert_eq!(store.live(), 0);
+        let mut inline = source(2);
+        recorded(&mut inline, 1, 7);
+        assert_eq!(
+            by_handle.rows(&sample(1), &weighting(3)).unwrap(),
+            inline.rows(&sample(1), &weighting(3)).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_bad_handle_drops_its_execution_and_still_releases_all() {
+        let store = gyre_runtime::MemBlobs::shared();
+        let trace = generate(&SynthConfig::small(7, "e1")).unwrap();
+        let mut handles: Vec<BlobId> = trace
+            .records
+            .iter()
+            .map(|r| gyre_runtime::put_encoded(store.as_ref(), r).unwrap())
+            .collect();
+        handles.insert(1, store.put(vec![0xff; 4]));
+        handles.push(BlobId(10_000));
+        let mut src = source(2).with_blobs(store.clone());
+        assert!(matches!(
+            src.attach(ExecId(1), &handles),
+            Err(SampleError::Blob { .. })
+        ));
+        assert_eq!((store.live(), src.held()), (0, 0));
+        // Only the missing handle: an error naming it.
+        let err = src.attach(ExecId(2), &[BlobId(10_000)]).unwrap_err();
+        assert!(err.to_string().contains("blob#10000"), "{err}");
+        // No store: refused, nothing held; no handles: nothing to do.
+        let mut bare = source(2);
+        assert!(matches!(
+            bare.attach(ExecId(1), &[BlobId(3)]),
+            Err(SampleError::NoBlobStore { records: 1, .. })
+        ));
+        assert_eq!(bare.attach(ExecId(1), &[BlobId::NONE]), Ok(0));
     }
 
     #[test]

@@ -16,14 +16,15 @@ mod burst;
 mod transition;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos};
+use gyre_runtime::{Actor, ActorId, Addr, BlobStore, Cx, Nanos};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::Policy;
 use crate::sched::buffer::Buffer;
 use crate::sched::cell::{Cell, CellLinks};
-use crate::sched::config::{ConfigError, Derived, SchedConfig};
+use crate::sched::config::{ConfigError, Derived, SampleMode, SchedConfig};
 use crate::sched::core::{Core, CoreConfig, CoreLinks};
 use crate::sched::evaluator::Evaluator;
 use crate::sched::execution::{ExecStatus, Execution};
@@ -39,6 +40,7 @@ use crate::sched::proto::trainer::TrainerReq;
 use crate::sched::proto::transfer::TransferReq;
 use crate::sched::proxy::Proxy;
 use crate::sched::queue::MicroQueue;
+use crate::sched::samples::{Recorded, SampleSource};
 
 /// The backend ports a cluster runs on.
 #[derive(Debug, Clone)]
@@ -55,6 +57,9 @@ pub struct Backends {
     pub harness: Port<HarnessReq>,
     pub evaluator: Port<EvalReq>,
     pub kv_bytes_per_token: u64,
+    /// Where payload handles point (prompts, TITO records, micro-step
+    /// rows); `None` in the simulator, which sends no payloads.
+    pub blobs: Option<Arc<dyn BlobStore>>,
 }
 
 /// The protocol actors the scheduler spawned.
@@ -140,6 +145,8 @@ pub struct Scheduler {
     cfg: SchedConfig,
     derived: Derived,
     backends: Backends,
+    /// The packer's sample source, until the packer is spawned.
+    source: Option<Box<dyn SampleSource>>,
     peers: Option<Peers>,
     counters: Counters,
     ledger: Ledger,
@@ -187,7 +194,9 @@ impl Scheduler {
                 got,
             });
         }
+        let source = sample_source(&cfg.samples, backends.blobs.as_ref())?;
         Ok(Self {
+            source,
             ledger: Ledger::new(cfg.cells, cfg.cell_capacity, cfg.pool_capacity),
             dispatcher: Dispatcher {
                 mode: cfg.dispatch,
@@ -275,7 +284,11 @@ impl Scheduler {
         if let Some(p) = b.pool_engine {
             engines.insert(EngineIx::Pool, p);
         }
-        let proxy = cx.spawn(Proxy::new(engines));
+        let mut proxy = Proxy::new(engines);
+        if let Some(store) = &b.blobs {
+            proxy = proxy.with_blobs(store.clone());
+        }
+        let proxy = cx.spawn(proxy);
         let buffer = cx.spawn(Buffer::new(cfg.group_size));
         let evaluator = cx.spawn(Evaluator::new(b.evaluator, buffer, cfg.eval_retry));
         let core = cx.spawn(Core::new(
@@ -293,7 +306,7 @@ impl Scheduler {
             },
         ));
         let queue = cx.spawn(MicroQueue::new());
-        let packer = cx.spawn(Packer::new(
+        let mut packer = Packer::new(
             PackerConfig {
                 batch_groups: cfg.batch_groups,
                 micro_tokens: cfg.micro_tokens,
@@ -306,7 +319,14 @@ impl Scheduler {
                 core,
                 sched: me,
             },
-        ));
+        );
+        if let Some(source) = self.source.take() {
+            packer = packer.with_source(source);
+            if let Some(store) = &b.blobs {
+                packer = packer.with_blobs(store.clone());
+            }
+        }
+        let packer = cx.spawn(packer);
         let links = |engine, trainer, memory| CellLinks {
             sched: me,
             core,
@@ -336,6 +356,25 @@ impl Scheduler {
             pool,
         }
     }
+}
+
+/// The packer's source for `mode`: `None` keeps the packer's own (counts).
+fn sample_source(
+    mode: &SampleMode,
+    blobs: Option<&Arc<dyn BlobStore>>,
+) -> Result<Option<Box<dyn SampleSource>>, ConfigError> {
+    let SampleMode::Recorded(rc) = mode else {
+        return Ok(None);
+    };
+    let Some(store) = blobs else {
+        return Err(ConfigError::Samples(
+            "Recorded reads TITO records by handle: the backends need a blob store".into(),
+        ));
+    };
+    let source = Recorded::new(rc.clone())
+        .map_err(|e| ConfigError::Samples(format!("recorded profile: {e}")))?
+        .with_blobs(store.clone());
+    Ok(Some(Box::new(source)))
 }
 
 impl Actor for Scheduler {

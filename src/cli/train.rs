@@ -1,0 +1,181 @@
+//! `gyre train`: online RL of the embedded policy on the built-in agent
+//! task, through the whole elastic system (scheduler, cells switching
+//! between rollout and training, proxy, trajectory trees, streaming
+//! micro-steps, the core's updates), in the deterministic simulator.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use crate::embedded::cluster::EmbeddedConfig;
+use crate::embedded::run::{TrainReport, run as run_cluster};
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// A TOML file of `EmbeddedConfig` (any field may be left out; see
+    /// README). Without it, the embedded default.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Simulation seed: the same seed reproduces the run exactly.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Training steps (overrides the configuration).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// The tiny model and cluster of the tests (seconds, not minutes).
+    #[arg(long)]
+    pub tiny: bool,
+    /// Print the report as JSON on stdout instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the complete configuration (defaults, the file and the flags
+    /// applied) as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+fn config(args: &TrainArgs) -> Result<EmbeddedConfig> {
+    let base = if args.tiny {
+        EmbeddedConfig::tiny(1)
+    } else {
+        EmbeddedConfig::default()
+    };
+    let mut cfg = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            EmbeddedConfig::from_toml(&text, &base)
+                .with_context(|| format!("configuration {}", path.display()))?
+        }
+        None => base,
+    };
+    if let Some(seed) = args.seed {
+        cfg.seed = seed;
+    }
+    if let Some(steps) = args.steps {
+        cfg.sched.target_steps = steps;
+    }
+    Ok(cfg)
+}
+
+pub fn run(args: TrainArgs) -> Result<()> {
+    let cfg = config(&args)?;
+    if args.print_config {
+        print!("{}", cfg.to_toml()?);
+        return Ok(());
+    }
+    let bar = (std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::new(cfg.sched.target_steps);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} steps",
+        ) {
+            bar.set_style(style);
+        }
+        bar
+    });
+    let mut progress = |done: u64, _target: u64| {
+        if let Some(b) = &bar {
+            b.set_position(done);
+        }
+    };
+    let (_cluster, report) = run_cluster(&cfg, &mut progress).context("embedded training run")?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&cfg, &report);
+    }
+    Ok(())
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
+}
+
+fn print_report(cfg: &EmbeddedConfig, r: &TrainReport) {
+    let m = &cfg.model;
+    let s = &cfg.sched;
+    println!(
+        "embedded policy: {} layers × {} wide, context {}; K = {} cells (C_e {}), pool C_s {}, N = {}, B = {}, φ = {}, μ = {}, {:?}",
+        m.layers,
+        m.width,
+        m.context,
+        s.cells,
+        s.cell_capacity,
+        s.pool_capacity,
+        s.group_size,
+        s.batch_groups,
+        s.phi,
+        s.mu,
+        s.policy
+    );
+    println!();
+    println!("step  version  micro-steps  targets   loss       grad-norm  reward(v)");
+    let reward_at = |v: u64| {
+        r.reward_by_version
+            .iter()
+            .find(|x| x.version == v)
+            .map(|x| format!("{:.3} ({} runs)", x.mean_reward, x.scored))
+            .unwrap_or_else(|| "-".into())
+    };
+    for u in &r.updates {
+        println!(
+            "{:>4}  {:>7}  {:>11}  {:>7}  {:>9.5}  {:>9.4}  {}",
+            u.step,
+            u.version,
+            u.micro_steps,
+            u.targets,
+            u.loss,
+            u.grad_norm,
+            reward_at(u.step)
+        );
+    }
+    println!();
+    println!(
+        "reward: first quarter of versions {}, last quarter {}; main-call hit rate {}",
+        opt(r.early_reward),
+        opt(r.late_reward),
+        opt(r.task.hit_rate)
+    );
+    let e = &r.elasticity;
+    println!(
+        "elastic: {} role changes, {} reroutes, {} retried calls, KV pinned {} / adopted {} ({} prompt tokens not recomputed), largest training prefix {}",
+        e.transitions,
+        e.reroutes,
+        e.retries,
+        e.kv_pinned,
+        e.kv_adopted,
+        e.adopted_tokens,
+        e.max_members
+    );
+    println!(
+        "memory released on role changes: rollout {:.1} MiB, training {:.1} MiB",
+        e.rollout_bytes_released as f64 / 1048576.0,
+        e.training_bytes_released as f64 / 1048576.0
+    );
+    println!(
+        "staleness: mean {:.2}, max {} over {} groups",
+        r.staleness.mean(),
+        r.staleness.max,
+        r.staleness.groups
+    );
+    println!(
+        "work: {} executions ({} compactions, {} sub-agent calls, {} harness timeouts), {} calls, {} tokens generated, {} targets trained, micro-steps by cell {:?}",
+        r.task.executions,
+        r.task.compactions,
+        r.task.sub_agent_calls,
+        r.task.harness_timeouts,
+        r.calls,
+        r.generated_tokens,
+        r.trained_targets,
+        r.micro_steps_by_cell
+    );
+    println!(
+        "run: seed {}, {} steps, {} events, trace hash {:016x}, {:.1} s virtual, {:.1} s wall",
+        r.seed, r.steps, r.events, r.trace_hash, r.virtual_secs, r.wall_secs
+    );
+}

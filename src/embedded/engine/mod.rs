@@ -1,0 +1,63 @@
+//! The embedded inference engine as a backend of the engine protocol: the
+//! real `gyre_gpu` engine (continuous batching, exact log-probs, paged KV
+//! with pin/export/import, versioned weights) behind the same requests the
+//! simulator's cost model answers.
+//!
+//! A cell (or the standalone pool) gets a [`Front`] whose message type is
+//! `EngineReq`; the front spawns an [`EngineWorker`] that owns the protocol
+//! state and runs every engine operation as one I/O job at a time, so the
+//! same worker is a deterministic state machine under the simulator and a
+//! non-blocking actor on the live host.
+
+mod ops;
+mod record;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+use gyre_actors::sched::proto::engine::EngineReq;
+
+use crate::embedded::Front;
+
+pub use ops::CallKey;
+pub use record::{call_seed, engine_name};
+pub use worker::{EngineWorker, EngineWorkerMsg};
+
+/// What a cell addresses as its inference engine.
+pub type EmbeddedEngine = Front<EngineReq, EngineWorker>;
+
+/// What an engine worker did, for tests and the run summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Calls answered `Done` with a sampled output.
+    pub served: u64,
+    /// Calls answered `Rejected` (not admitting, not loaded, engine failure).
+    pub rejected: u64,
+    /// Calls answered `Cancelled` (cancel-all, unload).
+    pub cancelled: u64,
+    /// Calls whose prompt could not be read or that the engine refused as
+    /// invalid: answered `Done` with an empty output.
+    pub bad_prompts: u64,
+    /// Executions whose prefix was pinned and exported.
+    pub kv_pinned: u64,
+    /// `AdoptKv` requests accepted.
+    pub kv_adopted: u64,
+    /// Prompt tokens taken from adopted blocks instead of being prefilled.
+    pub adopted_tokens: u64,
+    /// Adopted blocks that could not be used (missing, stale, unrelated).
+    pub kv_refused: u64,
+    /// Prompt tokens the engine computed.
+    pub prefilled_tokens: u64,
+    /// Output tokens of served calls.
+    pub output_tokens: u64,
+    /// Engine iterations run.
+    pub steps: u64,
+    /// Weight versions applied by `Load` or `SetWeights`.
+    pub weight_updates: u64,
+    /// Protocol misuse seen from this side: unloading with calls in flight
+    /// or pins held.
+    pub violations: u64,
+    /// Engine, board and blob errors (each also logged).
+    pub errors: u64,
+}

@@ -1,0 +1,753 @@
+//! The engine worker: the engine protocol's state machine over one real
+//! engine.
+//!
+//! Calls queue until the next "engine.step" job submits them; steps chain
+//! while anything runs, so calls arriving during a step join the batch at
+//! the next one (continuous batching). Control requests (pin, cancel,
+//! release, unload, load, new weights) run as their own jobs, before the
+//! next step, in arrival order. Exactly one job is in flight at a time:
+//! its results are applied in order and nothing races on the engine lock.
+//!
+//! Failure policy: a prompt that cannot be read or that the engine refuses
+//! as invalid will never get better, so the call is answered `Done` with an
+//! empty output (its record still names the call) and counted; refusals a
+//! retry can fix (not admitting, not loaded, an engine failure mid-step)
+//! are answered `Rejected`, which the proxy retries on the next route.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use gyre_actors::sched::cell::Cell;
+use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
+use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
+use gyre_actors::sched::proto::payload::Prompt;
+use gyre_actors::sched::proxy::Proxy;
+use gyre_gpu::engine::{Engine, PinId, ReqId};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, IoError, Nanos, get_decoded, put_encoded};
+use serde::{Deserialize, Serialize};
+
+use super::EngineStats;
+use super::ops::{self, CallKey, JobOut, Stepped, Submit, Submitted, WeightsOutcome};
+use super::record::{self, Served};
+use crate::embedded::shared::{EngineHandle, Shared, lock};
+use crate::embedded::work::Work;
+
+/// A control job is tried this many times when its I/O fails before it
+/// ran (injected faults, shutdown); then it is answered as best it can be.
+const MAX_TRIES: u32 = 3;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum EngineWorkerMsg {
+    Req(EngineReq),
+    /// The one job in flight finished.
+    Job(Result<JobOut, IoError>),
+}
+
+impl From<EngineReq> for EngineWorkerMsg {
+    fn from(r: EngineReq) -> Self {
+        EngineWorkerMsg::Req(r)
+    }
+}
+
+/// An accepted call attempt.
+#[derive(Debug)]
+struct Live {
+    reply_to: Addr<Proxy>,
+    prompt: Prompt,
+    start_ns: Nanos,
+    /// Its engine request, once submitted.
+    req: Option<ReqId>,
+}
+
+#[derive(Debug, Clone)]
+enum Control {
+    Pin {
+        execs: Vec<ExecId>,
+        reply_to: Addr<Cell>,
+    },
+    Cancel {
+        reply_to: Addr<Cell>,
+    },
+    ReleaseKv {
+        execs: Vec<ExecId>,
+    },
+    Unload {
+        reply_to: Addr<Cell>,
+    },
+    Load {
+        version: Version,
+        reply_to: Addr<Cell>,
+    },
+    SetWeights {
+        version: Version,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Queued {
+    op: Control,
+    tries: u32,
+}
+
+/// The job in flight and what its completion needs to know.
+#[derive(Debug)]
+enum Running {
+    Step {
+        keys: Vec<CallKey>,
+        adopted: Vec<ExecId>,
+    },
+    Control {
+        q: Queued,
+        /// The calls a cancel or an unload answers.
+        calls: Vec<CallKey>,
+    },
+}
+
+#[derive(Debug)]
+pub struct EngineWorker {
+    ix: EngineIx,
+    engine: EngineHandle,
+    shared: Shared,
+    seed: u64,
+    admitting: bool,
+    loaded: bool,
+    version: Version,
+    /// The newest version a publication announced.
+    announced: Version,
+    /// A publication that arrived while pins were held.
+    deferred: Option<Version>,
+    calls: BTreeMap<CallKey, Live>,
+    to_submit: VecDeque<CallKey>,
+    by_req: BTreeMap<ReqId, CallKey>,
+    /// Executions whose next call starts from adopted blocks.
+    adopt: BTreeSet<ExecId>,
+    pins: BTreeMap<ExecId, (PinId, u64)>,
+    controls: VecDeque<Queued>,
+    running: Option<Running>,
+    stats: EngineStats,
+}
+
+impl EngineWorker {
+    /// A worker over `engine`, serving if the engine is; `seed` is the
+    /// run's base for every call's sampling seed.
+    pub fn new(ix: EngineIx, engine: EngineHandle, shared: Shared, seed: u64) -> Self {
+        let (serving, version) = {
+            let e = lock(&engine);
+            (e.health().serving, e.version())
+        };
+        Self {
+            ix,
+            engine,
+            shared,
+            seed,
+            admitting: serving,
+            loaded: serving,
+            version,
+            announced: version,
+            deferred: None,
+            calls: BTreeMap::new(),
+            to_submit: VecDeque::new(),
+            by_req: BTreeMap::new(),
+            adopt: BTreeSet::new(),
+            pins: BTreeMap::new(),
+            controls: VecDeque::new(),
+            running: None,
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    pub fn ix(&self) -> EngineIx {
+        self.ix
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.loaded && self.admitting
+    }
+
+    /// The version the engine serves (as of the last job).
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Call attempts accepted and not answered yet.
+    pub fn in_flight(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Executions whose blocks are pinned.
+    pub fn pinned(&self) -> Vec<ExecId> {
+        self.pins.keys().copied().collect()
+    }
+
+    fn serve(
+        &mut self,
+        key: CallKey,
+        prompt: BlobId,
+        reply_to: Addr<Proxy>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        if !self.is_serving() {
+            self.stats.rejected += 1;
+            cx.send(
+                reply_to,
+                CallEvent::Rejected {
+                    call: key.call,
+                    attempt: key.attempt,
+                },
+            );
+            return;
+        }
+        if self.calls.contains_key(&key) {
+            tracing::warn!(call = ?key.call, attempt = key.attempt, "duplicate Serve ignored");
+            return;
+        }
+        let prompt = match get_decoded::<Prompt>(&*self.shared.blobs, prompt) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(call = ?key.call, error = %e, "unreadable prompt: answered empty");
+                self.stats.bad_prompts += 1;
+                let live = Live {
+                    reply_to,
+                    prompt: empty_prompt(),
+                    start_ns: cx.now(),
+                    req: None,
+                };
+                self.answer(key, live, false, Vec::new(), Vec::new(), self.version, cx);
+                return;
+            }
+        };
+        self.calls.insert(
+            key,
+            Live {
+                reply_to,
+                prompt,
+                start_ns: cx.now(),
+                req: None,
+            },
+        );
+        self.to_submit.push_back(key);
+        self.kick(cx);
+    }
+
+    /// Writes the call's record and answers `Done`. `readable` is false
+    /// when the prompt could not be read (the record then has no input).
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        &mut self,
+        key: CallKey,
+        live: Live,
+        readable: bool,
+        output: Vec<u32>,
+        logprobs: Vec<f32>,
+        version: Version,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        let served = Served {
+            call: key.call,
+            engine: self.ix,
+            version,
+            start_ns: live.start_ns,
+            end_ns: cx.now(),
+        };
+        let rec = record::tito(&served, readable.then_some(&live.prompt), output, logprobs);
+        let output_tokens = rec.output_ids.len() as u64;
+        let output = match put_encoded(&*self.shared.blobs, &rec) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::error!(call = ?key.call, error = %e, "record not written");
+                self.stats.errors += 1;
+                BlobId::NONE
+            }
+        };
+        cx.send(
+            live.reply_to,
+            CallEvent::Done {
+                call: key.call,
+                attempt: key.attempt,
+                output_tokens,
+                version,
+                output,
+            },
+        );
+    }
+
+    fn reject(&mut self, key: CallKey, live: Live, cx: &mut Cx<'_, Self>) {
+        if let Some(req) = live.req {
+            self.by_req.remove(&req);
+        }
+        self.stats.rejected += 1;
+        cx.send(
+            live.reply_to,
+            CallEvent::Rejected {
+                call: key.call,
+                attempt: key.attempt,
+            },
+        );
+    }
+
+    fn cancel(&mut self, keys: &[CallKey], cx: &mut Cx<'_, Self>) -> u32 {
+        let mut n = 0;
+        for key in keys {
+            let Some(live) = self.calls.remove(key) else {
+                continue;
+            };
+            if let Some(req) = live.req {
+                self.by_req.remove(&req);
+            }
+            self.to_submit.retain(|k| k != key);
+            n += 1;
+            self.stats.cancelled += 1;
+            cx.send(
+                live.reply_to,
+                CallEvent::Cancelled {
+                    call: key.call,
+                    attempt: key.attempt,
+                },
+            );
+        }
+        n
+    }
+
+    /// Starts the next job if none is in flight: control requests first,
+    /// then a step while calls are queued or running.
+    fn kick(&mut self, cx: &mut Cx<'_, Self>) {
+        while self.running.is_none() {
+            if let Some(q) = self.controls.pop_front() {
+                self.issue_control(q, cx);
+                continue;
+            }
+            if !self.to_submit.is_empty() || !self.by_req.is_empty() {
+                self.issue_step(cx);
+            }
+            break;
+        }
+    }
+
+    fn run(
+        &mut self,
+        kind: &'static str,
+        running: Running,
+        cx: &mut Cx<'_, Self>,
+        job: impl FnOnce(&mut Engine, &Shared) -> JobOut + Send + 'static,
+    ) {
+        let engine = self.engine.clone();
+        let shared = self.shared.clone();
+        self.running = Some(running);
+        cx.io(
+            Work::new(kind, move || Ok(job(&mut lock(&engine), &shared))),
+            EngineWorkerMsg::Job,
+        );
+    }
+
+    fn issue_step(&mut self, cx: &mut Cx<'_, Self>) {
+        let keys: Vec<CallKey> = self.to_submit.drain(..).collect();
+        let mut adopted = Vec::new();
+        let mut submits = Vec::new();
+        for key in &keys {
+            let Some(live) = self.calls.get(key) else {
+                continue;
+            };
+            let adopt = self.adopt.remove(&key.call.exec);
+            if adopt {
+                adopted.push(key.call.exec);
+            }
+            submits.push(Submit {
+                key: *key,
+                request: record::request(&live.prompt, record::call_seed(self.seed, key.call)),
+                adopt,
+            });
+        }
+        self.run(
+            "engine.step",
+            Running::Step { keys, adopted },
+            cx,
+            move |e, s| JobOut::Stepped(ops::step(e, &s.kv, submits)),
+        );
+    }
+
+    fn issue_control(&mut self, q: Queued, cx: &mut Cx<'_, Self>) {
+        let mut calls = Vec::new();
+        match &q.op {
+            Control::Pin { execs, .. } => {
+                let wanted: Vec<(ExecId, Vec<ReqId>)> = execs
+                    .iter()
+                    .filter(|e| !self.pins.contains_key(e))
+                    .map(|&exec| {
+                        let reqs = self
+                            .calls
+                            .iter()
+                            .filter(|(k, _)| k.call.exec == exec)
+                            .filter_map(|(_, l)| l.req)
+                            .collect();
+                        (exec, reqs)
+                    })
+                    .collect();
+                self.run(
+                    "engine.pin",
+                    Running::Control { q, calls },
+                    cx,
+                    move |e, s| ops::pin(e, &s.kv, wanted),
+                );
+            }
+            Control::Cancel { .. } => {
+                calls = self.calls.keys().copied().collect();
+                self.run(
+                    "engine.cancel",
+                    Running::Control { q, calls },
+                    cx,
+                    |e, _| ops::cancel_all(e),
+                );
+            }
+            Control::ReleaseKv { execs } => {
+                let pins: Vec<PinId> = execs
+                    .iter()
+                    .filter_map(|e| self.pins.get(e).map(|p| p.0))
+                    .collect();
+                if pins.is_empty() {
+                    return;
+                }
+                self.run(
+                    "engine.release_kv",
+                    Running::Control { q, calls },
+                    cx,
+                    |e, _| ops::release_pins(e, pins),
+                );
+            }
+            Control::Unload { .. } => {
+                calls = self.calls.keys().copied().collect();
+                let pins: Vec<PinId> = self.pins.values().map(|p| p.0).collect();
+                self.run(
+                    "engine.unload",
+                    Running::Control { q, calls },
+                    cx,
+                    |e, _| ops::unload(e, pins),
+                );
+            }
+            Control::Load { version, .. } => {
+                let version = (*version).max(self.announced);
+                self.run(
+                    "engine.load",
+                    Running::Control { q, calls },
+                    cx,
+                    move |e, s| ops::load(e, &s.weights, version),
+                );
+            }
+            Control::SetWeights { version } => {
+                let version = *version;
+                // An unloaded engine picks the announced version up at Load.
+                if !self.loaded || version <= self.version {
+                    return;
+                }
+                self.run(
+                    "engine.set_weights",
+                    Running::Control { q, calls },
+                    cx,
+                    move |e, s| ops::set_weights(e, &s.weights, version),
+                );
+            }
+        }
+    }
+
+    fn stepped(&mut self, s: Stepped, cx: &mut Cx<'_, Self>) {
+        self.stats.steps += 1;
+        for (key, sub) in s.submitted {
+            match sub {
+                Submitted::Queued {
+                    req,
+                    prefill,
+                    reused,
+                    kv_refused,
+                } => {
+                    let Some(live) = self.calls.get_mut(&key) else {
+                        continue;
+                    };
+                    live.req = Some(req);
+                    self.by_req.insert(req, key);
+                    self.stats.prefilled_tokens += prefill;
+                    self.stats.adopted_tokens += reused;
+                    if let Some(why) = kv_refused {
+                        tracing::debug!(call = ?key.call, %why, "adopted blocks not used");
+                        self.stats.kv_refused += 1;
+                    }
+                }
+                Submitted::Invalid(why) => {
+                    let Some(live) = self.calls.remove(&key) else {
+                        continue;
+                    };
+                    tracing::warn!(call = ?key.call, %why, "engine refused the prompt: answered empty");
+                    self.stats.bad_prompts += 1;
+                    self.answer(key, live, true, Vec::new(), Vec::new(), self.version, cx);
+                }
+            }
+        }
+        for f in s.finished {
+            let Some(key) = self.by_req.remove(&f.req) else {
+                continue;
+            };
+            let Some(live) = self.calls.remove(&key) else {
+                continue;
+            };
+            self.stats.served += 1;
+            self.stats.output_tokens += f.output.len() as u64;
+            self.answer(key, live, true, f.output, f.logprobs, f.versions.0, cx);
+        }
+        if let Some(why) = s.failed {
+            tracing::error!(engine = ?self.ix, %why, "engine step failed: running calls rejected");
+            self.stats.errors += 1;
+        }
+        let mut orphans: Vec<ReqId> = s.aborted;
+        if !s.busy {
+            // The engine holds nothing more: any call we still think runs
+            // was lost, and must not wait forever.
+            orphans.extend(self.by_req.keys().copied());
+        }
+        for req in orphans {
+            let Some(key) = self.by_req.remove(&req) else {
+                continue;
+            };
+            if let Some(live) = self.calls.remove(&key) {
+                self.reject(key, live, cx);
+            }
+        }
+    }
+
+    fn controlled(&mut self, q: Queued, calls: Vec<CallKey>, out: JobOut, cx: &mut Cx<'_, Self>) {
+        match (q.op, out) {
+            (Control::Pin { execs, reply_to }, JobOut::Pinned { pins, errors }) => {
+                self.note_errors("pin", &errors);
+                self.stats.kv_pinned += pins.len() as u64;
+                for p in pins {
+                    self.pins.insert(p.exec, (p.pin, p.tokens));
+                }
+                let blocks = execs
+                    .iter()
+                    .filter_map(|exec| {
+                        self.pins.get(exec).map(|&(_, tokens)| KvBlocks {
+                            exec: *exec,
+                            engine: self.ix,
+                            tokens,
+                        })
+                    })
+                    .collect();
+                cx.send(reply_to, EngineEvent::KvPinned { blocks });
+            }
+            (Control::Cancel { reply_to }, JobOut::Cancelled { .. }) => {
+                let cancelled = self.cancel(&calls, cx);
+                cx.send(reply_to, EngineEvent::CancelComplete { cancelled });
+            }
+            (Control::ReleaseKv { execs }, JobOut::PinsReleased { errors }) => {
+                self.note_errors("release pins", &errors);
+                for e in execs {
+                    self.pins.remove(&e);
+                }
+                self.after_pins_released();
+            }
+            (Control::Unload { reply_to }, JobOut::Unloaded { errors, .. }) => {
+                self.note_errors("unload", &errors);
+                if !calls.is_empty() || !self.pins.is_empty() {
+                    tracing::warn!(
+                        calls = calls.len(),
+                        pins = self.pins.len(),
+                        "unloaded with calls in flight or pins held"
+                    );
+                    self.stats.violations += 1;
+                }
+                self.cancel(&calls, cx);
+                self.pins.clear();
+                self.adopt.clear();
+                self.after_pins_released();
+                cx.send(reply_to, EngineEvent::Unloaded);
+            }
+            (
+                Control::Load { reply_to, .. },
+                JobOut::Loaded {
+                    version,
+                    serving,
+                    error,
+                },
+            ) => {
+                if let Some(e) = error {
+                    tracing::error!(engine = ?self.ix, error = %e, "load");
+                    self.stats.errors += 1;
+                }
+                if version != self.version {
+                    self.stats.weight_updates += 1;
+                }
+                self.version = version;
+                self.loaded = serving;
+                self.admitting = serving;
+                cx.send(reply_to, EngineEvent::Loaded { version });
+            }
+            (Control::SetWeights { version: asked }, JobOut::WeightsSet { version, outcome }) => {
+                self.version = version;
+                match outcome {
+                    WeightsOutcome::Applied => self.stats.weight_updates += 1,
+                    WeightsOutcome::Current => {}
+                    WeightsOutcome::Deferred => {
+                        self.deferred = Some(self.deferred.unwrap_or(0).max(asked));
+                    }
+                    WeightsOutcome::Failed(e) => {
+                        tracing::error!(engine = ?self.ix, version = asked, error = %e, "set weights");
+                        self.stats.errors += 1;
+                    }
+                }
+            }
+            (op, out) => {
+                tracing::error!(?op, ?out, "engine job answered another job");
+                self.stats.errors += 1;
+            }
+        }
+    }
+
+    fn after_pins_released(&mut self) {
+        if self.pins.is_empty()
+            && let Some(version) = self.deferred.take()
+        {
+            self.controls.push_back(Queued {
+                op: Control::SetWeights { version },
+                tries: 0,
+            });
+        }
+    }
+
+    fn note_errors(&mut self, what: &str, errors: &[String]) {
+        for e in errors {
+            tracing::warn!(engine = ?self.ix, error = %e, "{what}");
+        }
+        self.stats.errors += errors.len() as u64;
+    }
+
+    /// A job's I/O failed before it ran: steps are simply retried with the
+    /// same calls; a control is retried a few times, then answered as if
+    /// nothing could be done.
+    fn job_failed(&mut self, running: Running, err: IoError, cx: &mut Cx<'_, Self>) {
+        tracing::warn!(engine = ?self.ix, error = %err, "engine job failed");
+        self.stats.errors += 1;
+        match running {
+            Running::Step { keys, adopted } => {
+                for key in keys.into_iter().rev() {
+                    self.to_submit.push_front(key);
+                }
+                self.adopt.extend(adopted);
+            }
+            Running::Control { mut q, calls } => {
+                q.tries += 1;
+                if q.tries < MAX_TRIES {
+                    self.controls.push_front(q);
+                    return;
+                }
+                match q.op {
+                    Control::Pin { reply_to, .. } => {
+                        cx.send(reply_to, EngineEvent::KvPinned { blocks: Vec::new() })
+                    }
+                    Control::Cancel { reply_to } => {
+                        let cancelled = self.cancel(&calls, cx);
+                        cx.send(reply_to, EngineEvent::CancelComplete { cancelled });
+                    }
+                    Control::Unload { reply_to } => {
+                        self.cancel(&calls, cx);
+                        cx.send(reply_to, EngineEvent::Unloaded);
+                    }
+                    Control::Load { reply_to, .. } => {
+                        cx.send(
+                            reply_to,
+                            EngineEvent::Loaded {
+                                version: self.version,
+                            },
+                        );
+                    }
+                    Control::ReleaseKv { .. } | Control::SetWeights { .. } => {}
+                }
+            }
+        }
+    }
+
+    fn control(&mut self, op: Control, cx: &mut Cx<'_, Self>) {
+        self.controls.push_back(Queued { op, tries: 0 });
+        self.kick(cx);
+    }
+}
+
+/// Stands in for a prompt that could not be read.
+fn empty_prompt() -> Prompt {
+    Prompt {
+        input_ids: Vec::new(),
+        message_ends: Vec::new(),
+        max_new_tokens: 0,
+        stop_tokens: Vec::new(),
+        temperature: 1.0,
+        top_p: 1.0,
+        thread: None,
+        parent_call: None,
+        role: None,
+        purpose: Default::default(),
+    }
+}
+
+impl Actor for EngineWorker {
+    type Msg = EngineWorkerMsg;
+    type Timer = ();
+
+    fn on_msg(&mut self, _from: ActorId, msg: EngineWorkerMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            EngineWorkerMsg::Req(req) => match req {
+                EngineReq::Serve {
+                    call,
+                    attempt,
+                    prompt,
+                    reply_to,
+                    ..
+                } => self.serve(CallKey { call, attempt }, prompt, reply_to, cx),
+                EngineReq::StopAdmitting { reply_to } => {
+                    self.admitting = false;
+                    cx.send(reply_to, EngineEvent::AdmissionStopped);
+                }
+                EngineReq::PinKv { execs, reply_to } => {
+                    self.control(Control::Pin { execs, reply_to }, cx)
+                }
+                EngineReq::CancelAll { reply_to } => self.control(Control::Cancel { reply_to }, cx),
+                EngineReq::AdoptKv { exec, tokens } => {
+                    if self.loaded {
+                        self.stats.kv_adopted += 1;
+                        self.adopt.insert(exec);
+                    } else {
+                        tracing::warn!(?exec, tokens, "AdoptKv on an unloaded engine ignored");
+                    }
+                }
+                EngineReq::ReleaseKv { execs } => self.control(Control::ReleaseKv { execs }, cx),
+                EngineReq::Unload { reply_to } => {
+                    self.admitting = false;
+                    self.loaded = false;
+                    self.control(Control::Unload { reply_to }, cx);
+                }
+                EngineReq::Load { version, reply_to } => {
+                    self.control(Control::Load { version, reply_to }, cx)
+                }
+                EngineReq::SetWeights { version } => {
+                    self.announced = self.announced.max(version);
+                    self.control(Control::SetWeights { version }, cx);
+                }
+            },
+            EngineWorkerMsg::Job(result) => {
+                let Some(running) = self.running.take() else {
+                    tracing::error!("engine job completion with no job in flight");
+                    self.stats.errors += 1;
+                    return;
+                };
+                match (running, result) {
+                    (Running::Step { .. }, Ok(JobOut::Stepped(s))) => self.stepped(s, cx),
+                    (Running::Control { q, calls }, Ok(out)) => self.controlled(q, calls, out, cx),
+                    (running, Err(e)) => self.job_failed(running, e, cx),
+                    (running, Ok(out)) => {
+                        tracing::error!(?running, ?out, "engine job answered another job");
+                        self.stats.errors += 1;
+                    }
+                }
+                self.kick(cx);
+            }
+        }
+    }
+}

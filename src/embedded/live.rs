@@ -1,0 +1,115 @@
+//! The embedded cluster on the live host: the same actors and backends as
+//! under the simulator, on real threads and real time, with model work on
+//! the blocking pool (cells generate and train concurrently).
+//!
+//! A live node offers no view into its actors, so progress is read from
+//! what the backends share: the core publishes every new version on the
+//! weight board, each engine's handle says which version it serves, and
+//! the task's board holds the rewards. The run ends once the last version
+//! is published and every rollout engine serves it.
+
+use std::time::{Duration, Instant};
+
+use gyre_runtime::live::{LiveConfig, LiveNode};
+use gyre_runtime::{Actor, Addr, NodeId};
+use serde::Serialize;
+
+use super::cluster::{BuildError, EmbeddedConfig, Host, assemble};
+use super::run::{VersionReward, rewards};
+use super::shared::lock;
+use super::trainer::UpdateSummary;
+
+/// Spawns every actor of the cluster on one live node.
+pub struct OnLiveNode<'a>(pub &'a LiveNode);
+
+impl Host for OnLiveNode<'_> {
+    fn spawn<A: Actor>(&mut self, _node: NodeId, actor: A) -> Addr<A> {
+        self.0.spawn(actor)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LiveRunError {
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("live host: {0}")]
+    Host(#[from] gyre_runtime::RuntimeError),
+    #[error("tokio runtime: {0}")]
+    Tokio(#[from] std::io::Error),
+    #[error("no progress for {secs} s: {steps} of {target} steps published")]
+    Stalled { secs: u64, steps: u64, target: u64 },
+}
+
+/// What a live run did, as far as the shared boards tell.
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveReport {
+    pub seed: u64,
+    pub steps: u64,
+    pub wall_secs: f64,
+    pub updates: Vec<UpdateSummary>,
+    pub reward_by_version: Vec<VersionReward>,
+    pub early_reward: Option<f64>,
+    pub late_reward: Option<f64>,
+    pub executions: u64,
+    pub scored: u64,
+}
+
+/// Runs `cfg` on a live node until every step is trained and published,
+/// or nothing moves for `stall`.
+pub fn run_live(
+    cfg: &EmbeddedConfig,
+    stall: Duration,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<LiveReport, LiveRunError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let started = Instant::now();
+        let mut live = LiveConfig::local(NodeId(0), cfg.seed);
+        live.actor_threads = 1;
+        let node = LiveNode::start(live).await?;
+        let parts = assemble(&mut OnLiveNode(&node), cfg)?;
+        let target = cfg.sched.target_steps;
+        let (mut last, mut moved) = (u64::MAX, Instant::now());
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let done = parts.shared.weights.latest().map_or(0, |(v, _)| v);
+            if done != last {
+                last = done;
+                moved = Instant::now();
+                progress(done, target);
+            }
+            let serving = parts
+                .backends
+                .engine_handles
+                .iter()
+                .all(|e| lock(e).version() >= target);
+            if done >= target && serving {
+                break;
+            }
+            if moved.elapsed() > stall {
+                node.shutdown().await;
+                return Err(LiveRunError::Stalled {
+                    secs: stall.as_secs(),
+                    steps: done,
+                    target,
+                });
+            }
+        }
+        node.shutdown().await;
+        let task = parts.workspaces.stats();
+        let (reward_by_version, early_reward, late_reward) = rewards(&task);
+        Ok(LiveReport {
+            seed: cfg.seed,
+            steps: last,
+            wall_secs: started.elapsed().as_secs_f64(),
+            updates: lock(&parts.shared.updates).clone(),
+            reward_by_version,
+            early_reward,
+            late_reward,
+            executions: task.begun,
+            scored: task.scored,
+        })
+    })
+}

@@ -1,0 +1,31 @@
+//! The embedded policy as live backends of the scheduling plane.
+//!
+//! The actors of `gyre_actors::sched` talk to an inference engine, a
+//! trainer, device memory, a transfer engine, a harness and an evaluator
+//! only through small protocols. The simulator answers them with cost
+//! models; this module answers them with the real small transformer of
+//! `gyre_gpu` (generation with exact log-probs, KV pin/export/import,
+//! forward/backward under the exact objective, AdamW on the core), a
+//! built-in agent task and its evaluator. Model work runs as I/O, so the
+//! same cluster runs under the deterministic simulator (virtual time, real
+//! compute, exact replay) or the live host (real time).
+
+pub mod cluster;
+pub mod engine;
+pub mod front;
+pub mod live;
+pub mod memory;
+pub mod run;
+pub mod shared;
+pub mod task;
+pub mod trainer;
+pub mod transfer;
+pub mod work;
+
+pub use engine::{EmbeddedEngine, EngineWorker};
+pub use front::Front;
+pub use memory::{EmbeddedMemory, MemoryWorker};
+pub use shared::{EngineHandle, GradBoard, KvBoard, Shared, TrainerHandle, WeightBoard};
+pub use trainer::{EmbeddedTrainer, TrainerWorker};
+pub use transfer::{EmbeddedTransfer, TransferWorker};
+pub use work::Work;

@@ -1,0 +1,162 @@
+//! What the embedded backends of one process share: the device state of
+//! each cell and the in-process stand-ins for the transfer engine and the
+//! collectives.
+//!
+//! On a cluster these are RDMA-registered segments and NCCL groups; in one
+//! process they are shared memory, reached only from I/O work (never from a
+//! handler), so the actors stay the same state machines they are under the
+//! simulator. Every board is keyed by something the protocols carry
+//! (version, step and cell, execution), which is what keeps a run
+//! deterministic when the simulator hosts it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gyre_actors::sched::ids::{ExecId, Step, Version};
+use gyre_gpu::engine::Engine;
+use gyre_gpu::model::ModelConfig;
+use gyre_gpu::trainer::{GradBuffer, Trainer};
+use gyre_runtime::BlobStore;
+
+use super::trainer::UpdateSummary;
+
+/// Locks ignoring poison: a panic in one job must not take every later job
+/// of the run down with it; the job that panicked already reported failure.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A cell's inference engine, shared by its engine worker and its
+/// device-memory manager.
+pub type EngineHandle = Arc<Mutex<Engine>>;
+/// A cell's trainer, shared by its trainer worker and its device-memory
+/// manager.
+pub type TrainerHandle = Arc<Mutex<Trainer>>;
+
+/// Published parameter buffers by version: the core writes after each
+/// update, joining satellites and rollout engines read. A few recent
+/// versions are kept so a reader that is one publication behind still
+/// finds what it asked for.
+#[derive(Default)]
+pub struct WeightBoard {
+    versions: Mutex<BTreeMap<Version, Arc<[u8]>>>,
+}
+
+impl fmt::Debug for WeightBoard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = lock(&self.versions);
+        f.debug_struct("WeightBoard")
+            .field("versions", &v.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl WeightBoard {
+    const KEEP: usize = 4;
+
+    pub fn publish(&self, version: Version, bytes: Arc<[u8]>) {
+        let mut v = lock(&self.versions);
+        v.insert(version, bytes);
+        while v.len() > Self::KEEP {
+            v.pop_first();
+        }
+    }
+
+    pub fn get(&self, version: Version) -> Option<Arc<[u8]>> {
+        lock(&self.versions).get(&version).cloned()
+    }
+
+    /// The newest version published.
+    pub fn latest(&self) -> Option<(Version, Arc<[u8]>)> {
+        lock(&self.versions)
+            .last_key_value()
+            .map(|(v, b)| (*v, b.clone()))
+    }
+}
+
+/// Gradients each training cell drained, by step: the host stand-in for the
+/// all-reduce over a training prefix.
+#[derive(Debug, Default)]
+pub struct GradBoard {
+    deposits: Mutex<BTreeMap<(Step, u32), GradBuffer>>,
+}
+
+impl GradBoard {
+    pub fn deposit(&self, step: Step, cell: u32, grads: GradBuffer) {
+        lock(&self.deposits).insert((step, cell), grads);
+    }
+
+    /// Takes the gradients of `step` from cells `0..members`, in cell
+    /// order, and forgets anything older. A member that deposited nothing
+    /// is reported by index.
+    pub fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>) {
+        let mut d = lock(&self.deposits);
+        let mut found = Vec::new();
+        let mut missing = Vec::new();
+        for cell in 0..members {
+            match d.remove(&(step, cell)) {
+                Some(g) => found.push(g),
+                None => missing.push(cell),
+            }
+        }
+        d.retain(|(s, _), _| *s > step);
+        (found, missing)
+    }
+}
+
+/// KV blocks in flight between engines during a role change: the source
+/// writes an execution's pinned prefix, the destination takes it when it
+/// adopts the execution.
+#[derive(Debug, Default)]
+pub struct KvBoard {
+    blocks: Mutex<BTreeMap<ExecId, Arc<[u8]>>>,
+}
+
+impl KvBoard {
+    pub fn put(&self, exec: ExecId, bytes: Arc<[u8]>) {
+        lock(&self.blocks).insert(exec, bytes);
+    }
+
+    pub fn get(&self, exec: ExecId) -> Option<Arc<[u8]>> {
+        lock(&self.blocks).get(&exec).cloned()
+    }
+
+    pub fn remove(&self, exec: ExecId) -> Option<Arc<[u8]>> {
+        lock(&self.blocks).remove(&exec)
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.blocks).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Everything the backends of one embedded cluster share.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    pub model: ModelConfig,
+    pub blobs: Arc<dyn BlobStore>,
+    pub weights: Arc<WeightBoard>,
+    pub grads: Arc<GradBoard>,
+    pub kv: Arc<KvBoard>,
+    /// Every optimizer update the core made, in order: what a live run
+    /// reports (its actors' state is not visible from outside).
+    pub updates: Arc<Mutex<Vec<UpdateSummary>>>,
+}
+
+impl Shared {
+    pub fn new(model: ModelConfig, blobs: Arc<dyn BlobStore>) -> Self {
+        Self {
+            model,
+            blobs,
+            weights: Arc::default(),
+            grads: Arc::default(),
+            kv: Arc::default(),
+            updates: Arc::default(),
+        }
+    }
+}

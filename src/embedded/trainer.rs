@@ -1,0 +1,479 @@
+//! The embedded trainer as the scheduling plane's trainer backend.
+//!
+//! One worker per cell drives that cell's [`Trainer`]; cell 0's is also the
+//! core's (it owns the optimizer). Every operation runs as I/O, one at a
+//! time in arrival order:
+//! - `Warmup`: sync to the newest published parameters. Weights are fixed
+//!   during a step, so the newest version at a step's warm-up is exactly the
+//!   snapshot a joining satellite reads and what a broadcast delivers.
+//! - `FwdBwd`: read the micro-step's rows by handle, forward/backward under
+//!   the objective of SPEC 3.7 with the packer's per-token coefficients,
+//!   accumulate; release the rows.
+//! - `Drain`: hand this cell's accumulated gradients to the reduction board
+//!   and zero them.
+//! - `Reduce` (core): sum the gradients of the prefix's cells; the
+//!   coefficients already divide by B·N, so the sum is the batch gradient.
+//! - `Update` (core): clip and one AdamW step, then publish the new version.
+//!
+//! The sequence ratio s_i only decides the clip mask; it is computed over
+//! the targets of the execution inside each micro-step, which is exact
+//! when an execution's targets share a micro-step (the packer keeps rows
+//! whole, and the embedded task's executions are a few short rows).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use gyre_actors::sched::ids::{MicroStepId, Step};
+use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
+use gyre_actors::trajectory::packing::MicroStepRows;
+use gyre_gpu::trainer::{
+    GradBuffer, Loss, MicroStep, ObjectiveConfig, RowChunk, TrainRow, Trainer, UpdateReport,
+};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, get_decoded};
+use serde::{Deserialize, Serialize};
+
+use super::front::Front;
+use super::shared::{Shared, TrainerHandle, lock};
+use super::work::Work;
+
+/// The trainer backend of one cell, addressed by the trainer protocol.
+pub type EmbeddedTrainer = Front<TrainerReq, TrainerWorker>;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum TrainerWorkerMsg {
+    Req(TrainerReq),
+    Done(Result<Finished, IoError>),
+}
+
+impl From<TrainerReq> for TrainerWorkerMsg {
+    fn from(r: TrainerReq) -> Self {
+        TrainerWorkerMsg::Req(r)
+    }
+}
+
+/// What one operation did, as plain data.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Finished {
+    Warm {
+        loaded: Option<u64>,
+    },
+    Computed {
+        /// The parameters' version the micro-step was computed under.
+        version: u64,
+        loss: f64,
+        targets: u64,
+        tokens: u64,
+        clipped_executions: u64,
+        ratio_capped: u64,
+    },
+    Drained {
+        micro_steps: u64,
+    },
+    Reduced {
+        grad_norm: f64,
+        missing: Vec<u32>,
+    },
+    Updated(UpdateSummary),
+}
+
+/// One optimizer update, for reports.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct UpdateSummary {
+    pub step: Step,
+    pub version: u64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub clipped: bool,
+    pub micro_steps: u64,
+    pub targets: u64,
+}
+
+impl UpdateSummary {
+    fn new(step: Step, r: &UpdateReport) -> Self {
+        Self {
+            step,
+            version: r.version,
+            loss: r.loss,
+            grad_norm: r.grad_norm,
+            clipped: r.clipped,
+            micro_steps: r.micro_steps,
+            targets: r.targets,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainerStats {
+    pub warmups: u64,
+    pub syncs: u64,
+    pub micro_steps: u64,
+    pub targets: u64,
+    pub tokens: u64,
+    pub drains: u64,
+    /// Micro-steps whose rows could not be read or computed: they train
+    /// nothing, and the step still completes.
+    pub failed_micro_steps: u64,
+    /// Members of a reduction that deposited no gradients: a satellite
+    /// that joined after the last micro-step was claimed computes nothing
+    /// and never warms up, so it contributes zero.
+    pub idle_members: u64,
+    pub errors: u64,
+    pub updates: Vec<UpdateSummary>,
+    /// Micro-steps by the parameters' version they were computed under.
+    pub by_version: BTreeMap<u64, ComputedAt>,
+}
+
+/// What was computed under one parameters' version. Under the version that
+/// sampled the rows, every importance ratio is 1 up to float error (TITO),
+/// so nothing is clipped or capped: a non-zero count there means the
+/// recorded log-probs and the trainer disagree.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ComputedAt {
+    pub micro_steps: u64,
+    pub targets: u64,
+    pub clipped_executions: u64,
+    pub ratio_capped: u64,
+}
+
+pub struct TrainerWorker {
+    cell: u32,
+    trainer: TrainerHandle,
+    shared: Shared,
+    objective: ObjectiveConfig,
+    /// The core's reduced gradients between `Reduce` and `Update`.
+    reduced: Arc<Mutex<Option<GradBuffer>>>,
+    queue: VecDeque<TrainerReq>,
+    running: Option<TrainerReq>,
+    stats: TrainerStats,
+}
+
+impl std::fmt::Debug for TrainerWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainerWorker")
+            .field("cell", &self.cell)
+            .field("queued", &self.queue.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl TrainerWorker {
+    pub fn new(
+        cell: u32,
+        trainer: TrainerHandle,
+        shared: Shared,
+        objective: ObjectiveConfig,
+    ) -> Self {
+        Self {
+            cell,
+            trainer,
+            shared,
+            objective,
+            reduced: Arc::default(),
+            queue: VecDeque::new(),
+            running: None,
+            stats: TrainerStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &TrainerStats {
+        &self.stats
+    }
+
+    fn next(&mut self, cx: &mut Cx<'_, Self>) {
+        if self.running.is_some() {
+            return;
+        }
+        let Some(req) = self.queue.pop_front() else {
+            return;
+        };
+        let done = TrainerWorkerMsg::Done;
+        match &req {
+            TrainerReq::Warmup { .. } => cx.io(self.warmup(), done),
+            TrainerReq::FwdBwd { rows, .. } => {
+                let rows = *rows;
+                cx.io(self.fwd_bwd(rows), done)
+            }
+            TrainerReq::Drain { step, .. } => {
+                let step = *step;
+                cx.io(self.drain(step), done)
+            }
+            TrainerReq::Reduce { step, members, .. } => {
+                let (step, members) = (*step, *members);
+                cx.io(self.reduce(step, members), done)
+            }
+            TrainerReq::Update { step, .. } => {
+                let step = *step;
+                cx.io(self.update(step), done)
+            }
+            // Nothing to compute: in one process every prefix group is the
+            // gradient board, and satellites pull at their next warm-up.
+            TrainerReq::BuildGroups { prefixes, reply_to } => {
+                let groups = prefixes.len() as u32;
+                cx.send(*reply_to, TrainerEvent::GroupsBuilt { groups });
+                return self.next(cx);
+            }
+            TrainerReq::Broadcast { step, reply_to, .. } => {
+                cx.send(*reply_to, TrainerEvent::Broadcasted { step: *step });
+                return self.next(cx);
+            }
+        }
+        self.running = Some(req);
+    }
+
+    fn warmup(&self) -> Work<Finished> {
+        let trainer = self.trainer.clone();
+        let weights = self.shared.weights.clone();
+        Work::new("trainer.warmup", move || {
+            let mut t = lock(&trainer);
+            let Some((version, bytes)) = weights.latest() else {
+                return Ok(Finished::Warm { loaded: None });
+            };
+            if version == t.version() {
+                return Ok(Finished::Warm { loaded: None });
+            }
+            t.load_params_from_bytes(&bytes)
+                .map_err(|e| format!("loading v{version}: {e}"))?;
+            Ok(Finished::Warm {
+                loaded: Some(version),
+            })
+        })
+    }
+
+    fn fwd_bwd(&self, rows: gyre_runtime::BlobId) -> Work<Finished> {
+        let trainer = self.trainer.clone();
+        let blobs = self.shared.blobs.clone();
+        let cfg = self.objective;
+        Work::new("trainer.fwd_bwd", move || {
+            let payload: MicroStepRows =
+                get_decoded(blobs.as_ref(), rows).map_err(|e| format!("micro-step rows: {e}"))?;
+            blobs.release(rows);
+            let (rows, step) = to_trainer_input(payload);
+            let mut t = lock(&trainer);
+            let report = t
+                .accumulate(&rows, &step, &Loss::Policy(cfg), None)
+                .map_err(|e| e.to_string())?;
+            Ok(Finished::Computed {
+                version: t.version(),
+                loss: report.loss,
+                targets: report.targets as u64,
+                tokens: report.tokens,
+                clipped_executions: report.clipped_executions as u64,
+                ratio_capped: report.ratio_capped as u64,
+            })
+        })
+    }
+
+    fn drain(&self, step: Step) -> Work<Finished> {
+        let trainer = self.trainer.clone();
+        let grads = self.shared.grads.clone();
+        let cell = self.cell;
+        Work::new("trainer.drain", move || {
+            let mut t = lock(&trainer);
+            let g = t.export_grads().map_err(|e| e.to_string())?;
+            t.zero_grads().map_err(|e| e.to_string())?;
+            let micro_steps = g.micro_steps;
+            grads.deposit(step, cell, g);
+            Ok(Finished::Drained { micro_steps })
+        })
+    }
+
+    fn reduce(&self, step: Step, members: u32) -> Work<Finished> {
+        let grads = self.shared.grads.clone();
+        let slot = self.reduced.clone();
+        let trainer = self.trainer.clone();
+        Work::new("trainer.reduce", move || {
+            let (parts, missing) = grads.take(step, members.max(1));
+            // A batch whose executions all failed to produce rows has no
+            // micro-steps, so nobody drained: its gradient is zero, and the
+            // step still makes its one update (the version advances as the
+            // core counts it).
+            let sum = if parts.is_empty() {
+                lock(&trainer).export_grads().map_err(|e| e.to_string())?
+            } else {
+                GradBuffer::sum(&parts).map_err(|e| e.to_string())?
+            };
+            let grad_norm = sum.norm();
+            *lock(&slot) = Some(sum);
+            Ok(Finished::Reduced { grad_norm, missing })
+        })
+    }
+
+    fn update(&self, step: Step) -> Work<Finished> {
+        let trainer = self.trainer.clone();
+        let slot = self.reduced.clone();
+        let weights = self.shared.weights.clone();
+        Work::new("trainer.update", move || {
+            let reduced = lock(&slot)
+                .take()
+                .ok_or_else(|| format!("update of step {step} without reduced gradients"))?;
+            let mut t = lock(&trainer);
+            let report = t.apply(&reduced).map_err(|e| e.to_string())?;
+            let params = t.params().map_err(|e| e.to_string())?;
+            weights.publish(params.version, Arc::from(params.encode()));
+            Ok(Finished::Updated(UpdateSummary::new(step, &report)))
+        })
+    }
+
+    /// Answers the request that just finished, whatever its outcome: the
+    /// trainer protocol has no failure replies, and a step must complete
+    /// (a failed micro-step trains nothing; it is counted and logged).
+    fn finish(
+        &mut self,
+        req: TrainerReq,
+        result: Result<Finished, IoError>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        let ok = match result {
+            Ok(f) => Some(f),
+            Err(e) => {
+                self.stats.errors += 1;
+                tracing::error!(cell = self.cell, op = op_name(&req), error = %e, "trainer operation failed");
+                None
+            }
+        };
+        match req {
+            TrainerReq::Warmup { step, reply_to } => {
+                self.stats.warmups += 1;
+                if let Some(Finished::Warm { loaded: Some(_) }) = ok {
+                    self.stats.syncs += 1;
+                }
+                cx.send(reply_to, TrainerEvent::Warm { step });
+            }
+            TrainerReq::FwdBwd {
+                mstep, reply_to, ..
+            } => {
+                self.computed(mstep, ok);
+                cx.send(reply_to, TrainerEvent::Computed { mstep });
+            }
+            TrainerReq::Drain { step, reply_to } => {
+                self.stats.drains += 1;
+                cx.send(reply_to, TrainerEvent::Drained { step });
+            }
+            TrainerReq::Reduce { step, reply_to, .. } => {
+                let grad_norm = match ok {
+                    Some(Finished::Reduced { grad_norm, missing }) => {
+                        if !missing.is_empty() {
+                            tracing::debug!(step, ?missing, "members that computed nothing");
+                        }
+                        self.stats.idle_members += missing.len() as u64;
+                        grad_norm
+                    }
+                    _ => 0.0,
+                };
+                cx.send(reply_to, TrainerEvent::Reduced { step, grad_norm });
+            }
+            TrainerReq::Update { step, reply_to } => {
+                if let Some(Finished::Updated(u)) = ok {
+                    tracing::info!(
+                        step,
+                        version = u.version,
+                        loss = u.loss,
+                        grad_norm = u.grad_norm,
+                        "update"
+                    );
+                    self.stats.updates.push(u);
+                    lock(&self.shared.updates).push(u);
+                }
+                cx.send(reply_to, TrainerEvent::Updated { step });
+            }
+            TrainerReq::BuildGroups { .. } | TrainerReq::Broadcast { .. } => {}
+        }
+    }
+
+    fn computed(&mut self, mstep: MicroStepId, ok: Option<Finished>) {
+        match ok {
+            Some(Finished::Computed {
+                version,
+                targets,
+                tokens,
+                clipped_executions,
+                ratio_capped,
+                ..
+            }) => {
+                self.stats.micro_steps += 1;
+                self.stats.targets += targets;
+                self.stats.tokens += tokens;
+                let v = self.stats.by_version.entry(version).or_default();
+                v.micro_steps += 1;
+                v.targets += targets;
+                v.clipped_executions += clipped_executions;
+                v.ratio_capped += ratio_capped;
+            }
+            _ => {
+                self.stats.failed_micro_steps += 1;
+                tracing::warn!(cell = self.cell, ?mstep, "micro-step trains nothing");
+            }
+        }
+    }
+}
+
+fn op_name(r: &TrainerReq) -> &'static str {
+    match r {
+        TrainerReq::Warmup { .. } => "warmup",
+        TrainerReq::FwdBwd { .. } => "fwd_bwd",
+        TrainerReq::Drain { .. } => "drain",
+        TrainerReq::BuildGroups { .. } => "build_groups",
+        TrainerReq::Reduce { .. } => "reduce",
+        TrainerReq::Update { .. } => "update",
+        TrainerReq::Broadcast { .. } => "broadcast",
+    }
+}
+
+/// The packer's rows in the trainer's own (field-for-field) types.
+pub fn to_trainer_input(p: MicroStepRows) -> (Vec<TrainRow>, MicroStep) {
+    let rows = p
+        .rows
+        .into_iter()
+        .map(|r| TrainRow {
+            execution: r.execution,
+            input_ids: r.input_ids,
+            target: r.target,
+            behaviour_logprobs: r.behaviour_logprobs,
+            coefficients: r.coefficients,
+            advantage: r.advantage,
+        })
+        .collect();
+    let chunks = p
+        .chunks
+        .into_iter()
+        .map(|c| RowChunk {
+            row: c.row,
+            start: c.start,
+            end: c.end,
+        })
+        .collect();
+    (rows, MicroStep { chunks })
+}
+
+impl Actor for TrainerWorker {
+    type Msg = TrainerWorkerMsg;
+    type Timer = ();
+
+    fn on_msg(&mut self, _from: ActorId, msg: TrainerWorkerMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            TrainerWorkerMsg::Req(r) => self.queue.push_back(r),
+            TrainerWorkerMsg::Done(result) => match self.running.take() {
+                Some(req) => self.finish(req, result, cx),
+                None => {
+                    self.stats.errors += 1;
+                    tracing::error!(cell = self.cell, "completion without a running operation");
+                }
+            },
+        }
+        self.next(cx);
+    }
+}
+
+/// A fresh trainer for `cell` (the core's has the optimizer).
+pub fn trainer_handle(
+    shared: &Shared,
+    params: &gyre_gpu::model::ParamBuffer,
+    core: Option<gyre_gpu::trainer::OptimConfig>,
+) -> Result<TrainerHandle, gyre_gpu::trainer::TrainerError> {
+    let t = match core {
+        Some(optim) => Trainer::core(&shared.model, params, optim)?,
+        None => Trainer::new(&shared.model, params)?,
+    };
+    Ok(Arc::new(Mutex::new(t)))
+}

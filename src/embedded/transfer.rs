@@ -1,0 +1,411 @@
+//! The transfer engine of one embedded cluster: one-sided reads of what the
+//! boards hold (an execution's exported KV blocks, the core's published
+//! weights) and weight publication, as the live counterpart of the
+//! simulator's latency-and-bandwidth model.
+//!
+//! In one process a read is a real copy of the bytes the tag stands for,
+//! run as a "transfer.read" I/O job so its cost lands where a transfer's
+//! would. A read whose source is gone still completes (`ReadDone`): the
+//! reader falls back on its own (the engine prefills, a satellite trainer
+//! syncs to the board at warm-up), and the miss is counted. A publication
+//! is answered once its version is on the weight board, re-checked on a
+//! timer while the core's upload is still under way.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use gyre_actors::sched::cell::Cell;
+use gyre_actors::sched::core::Core;
+use gyre_actors::sched::ids::Version;
+use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, TransferReq};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, IoError, MILLIS, Nanos};
+use serde::{Deserialize, Serialize};
+
+use crate::embedded::Front;
+use crate::embedded::shared::{Shared, WeightBoard};
+use crate::embedded::work::Work;
+
+/// What the scheduling plane addresses as its transfer engine.
+pub type EmbeddedTransfer = Front<TransferReq, TransferWorker>;
+
+/// How often a publication re-checks the board, and for how long.
+const PUBLISH_RETRY: Nanos = 5 * MILLIS;
+const PUBLISH_TRIES: u32 = 2_000;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum TransferWorkerMsg {
+    Req(TransferReq),
+    /// The job in flight finished: the bytes it found (and copied).
+    Done(Result<u64, IoError>),
+}
+
+impl From<TransferReq> for TransferWorkerMsg {
+    fn from(r: TransferReq) -> Self {
+        TransferWorkerMsg::Req(r)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    pub exposes: u64,
+    pub reads: u64,
+    pub kv_bytes: u64,
+    pub snapshot_bytes: u64,
+    pub publishes: u64,
+    /// Reads, exposes and publications whose data was not on a board.
+    pub missing: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Expose {
+        version: Version,
+        reply_to: Addr<Core>,
+    },
+    Read {
+        tag: ReadTag,
+        reply_to: Addr<Cell>,
+    },
+    Publish {
+        version: Version,
+        reply_to: Addr<Core>,
+        tries: u32,
+    },
+}
+
+#[derive(Debug)]
+pub struct TransferWorker {
+    shared: Shared,
+    next_segment: u64,
+    queue: VecDeque<Op>,
+    running: Option<Op>,
+    /// Publications waiting for their version, by retry timer.
+    waiting: BTreeMap<u64, Op>,
+    next_timer: u64,
+    stats: TransferStats,
+}
+
+/// `version`'s bytes on the board, or the newest ones when that version
+/// was already dropped.
+fn weights(board: &WeightBoard, version: Version) -> Option<Arc<[u8]>> {
+    board.get(version).or_else(|| {
+        board
+            .latest()
+            .filter(|(v, _)| *v >= version)
+            .map(|(_, b)| b)
+    })
+}
+
+impl TransferWorker {
+    pub fn new(shared: Shared) -> Self {
+        Self {
+            shared,
+            next_segment: 0,
+            queue: VecDeque::new(),
+            running: None,
+            waiting: BTreeMap::new(),
+            next_timer: 0,
+            stats: TransferStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> TransferStats {
+        self.stats
+    }
+
+    fn kick(&mut self, cx: &mut Cx<'_, Self>) {
+        if self.running.is_some() {
+            return;
+        }
+        let Some(op) = self.queue.pop_front() else {
+            return;
+        };
+        self.running = Some(op);
+        let s = self.shared.clone();
+        let missing = |what: String| Err(format!("{what} is not on its board"));
+        match op {
+            Op::Expose { version, .. } | Op::Publish { version, .. } => {
+                let kind = if matches!(op, Op::Expose { .. }) {
+                    "transfer.expose"
+                } else {
+                    "transfer.publish"
+                };
+                let job = move || match weights(&s.weights, version) {
+                    Some(b) => Ok(b.len() as u64),
+                    None => missing(format!("weights v{version}")),
+                };
+                cx.io(Work::new(kind, job), TransferWorkerMsg::Done);
+            }
+            Op::Read { tag, .. } => {
+                let job = move || {
+                    let (src, what) = match tag {
+                        ReadTag::Kv { exec, .. } => (s.kv.get(exec), format!("KV of {exec:?}")),
+                        ReadTag::Snapshot { version, .. } => {
+                            (weights(&s.weights, version), format!("weights v{version}"))
+                        }
+                    };
+                    match src {
+                        Some(b) => {
+                            // The copy a one-sided read makes into the
+                            // reader's memory.
+                            let copy = std::hint::black_box(b.to_vec());
+                            Ok(copy.len() as u64)
+                        }
+                        None => missing(what),
+                    }
+                };
+                cx.io(Work::new("transfer.read", job), TransferWorkerMsg::Done);
+            }
+        }
+    }
+
+    fn done(&mut self, op: Op, result: Result<u64, IoError>, cx: &mut Cx<'_, Self>) {
+        if let Err(e) = &result {
+            let retry = matches!(op, Op::Publish { tries, .. } if tries + 1 < PUBLISH_TRIES);
+            if !retry {
+                tracing::warn!(?op, error = %e, "transfer found nothing to move");
+                self.stats.missing += 1;
+            }
+        }
+        let bytes = result.as_ref().copied().unwrap_or(0);
+        match op {
+            Op::Expose { version, reply_to } => {
+                self.stats.exposes += 1;
+                self.next_segment += 1;
+                let segment = Segment {
+                    id: self.next_segment,
+                    version,
+                    bytes,
+                };
+                cx.send(reply_to, TransferEvent::Exposed { segment });
+            }
+            Op::Read { tag, reply_to } => {
+                self.stats.reads += 1;
+                match tag {
+                    ReadTag::Kv { .. } => self.stats.kv_bytes += bytes,
+                    ReadTag::Snapshot { .. } => self.stats.snapshot_bytes += bytes,
+                }
+                cx.send(reply_to, TransferEvent::ReadDone { tag });
+            }
+            Op::Publish {
+                version,
+                reply_to,
+                tries,
+            } => {
+                if result.is_err() && tries + 1 < PUBLISH_TRIES {
+                    self.next_timer += 1;
+                    self.waiting.insert(
+                        self.next_timer,
+                        Op::Publish {
+                            version,
+                            reply_to,
+                            tries: tries + 1,
+                        },
+                    );
+                    cx.set_timer(self.next_timer, PUBLISH_RETRY);
+                    return;
+                }
+                self.stats.publishes += 1;
+                cx.send(reply_to, TransferEvent::Published { version });
+            }
+        }
+    }
+}
+
+impl Actor for TransferWorker {
+    type Msg = TransferWorkerMsg;
+    type Timer = u64;
+
+    fn on_msg(&mut self, _from: ActorId, msg: TransferWorkerMsg, cx: &mut Cx<'_, Self>) {
+        match msg {
+            TransferWorkerMsg::Req(r) => self.queue.push_back(match r {
+                TransferReq::Expose { version, reply_to } => Op::Expose { version, reply_to },
+                TransferReq::Read { tag, reply_to, .. } => Op::Read { tag, reply_to },
+                TransferReq::Publish {
+                    version, reply_to, ..
+                } => Op::Publish {
+                    version,
+                    reply_to,
+                    tries: 0,
+                },
+            }),
+            TransferWorkerMsg::Done(result) => match self.running.take() {
+                Some(op) => self.done(op, result, cx),
+                None => tracing::error!("transfer job completion with no job in flight"),
+            },
+        }
+        self.kick(cx);
+    }
+
+    fn on_timer(&mut self, timer: u64, cx: &mut Cx<'_, Self>) {
+        if let Some(op) = self.waiting.remove(&timer) {
+            self.queue.push_back(op);
+            self.kick(cx);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gyre_actors::sched::cell::CellMsg;
+    use gyre_actors::sched::core::CoreMsg;
+    use gyre_actors::sched::ids::{ExecId, Step, SwitchId};
+    use gyre_gpu::model::ModelConfig;
+    use gyre_runtime::sim::{Sim, SimConfig};
+    use gyre_runtime::{MemBlobs, NodeId};
+
+    use super::*;
+
+    const TESTER: ActorId = ActorId::new(9, 1);
+
+    struct Rig {
+        sim: Sim,
+        tx: Addr<EmbeddedTransfer>,
+        cell: Addr<Cell>,
+        core: Addr<Core>,
+        shared: Shared,
+    }
+
+    fn rig() -> Rig {
+        let shared = Shared::new(ModelConfig::tiny(), MemBlobs::shared());
+        let mut sim = Sim::new(SimConfig::new(3));
+        let tx = sim.spawn(
+            NodeId(1),
+            EmbeddedTransfer::new(TransferWorker::new(shared.clone())),
+        );
+        let cell = Addr::new(sim.probe::<CellMsg>(NodeId(2)).id());
+        let core = Addr::new(sim.probe::<CoreMsg>(NodeId(3)).id());
+        Rig {
+            sim,
+            tx,
+            cell,
+            core,
+            shared,
+        }
+    }
+
+    impl Rig {
+        fn stats(&self) -> TransferStats {
+            let w = self.sim.actor(self.tx).and_then(|f| f.worker()).unwrap();
+            self.sim.actor(w).unwrap().stats()
+        }
+
+        fn cell_events(&mut self) -> Vec<TransferEvent> {
+            self.sim.run().unwrap();
+            self.sim
+                .take_probe::<CellMsg>(Addr::new(self.cell.id()))
+                .into_iter()
+                .filter_map(|r| match r.msg {
+                    CellMsg::Transfer(e) => Some(e),
+                    _ => None,
+                })
+                .collect()
+        }
+
+        /// What the core received so far (the caller runs the world).
+        fn core_events(&mut self) -> Vec<(Nanos, TransferEvent)> {
+            self.sim
+                .take_probe::<CoreMsg>(Addr::new(self.core.id()))
+                .into_iter()
+                .filter_map(|r| match r.msg {
+                    CoreMsg::Transfer(e) => Some((r.at, e)),
+                    _ => None,
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn reads_copy_what_the_boards_hold_and_misses_still_complete() {
+        let mut r = rig();
+        r.shared.kv.put(ExecId(4), vec![7u8; 100].into());
+        r.shared.weights.publish(2, vec![1u8; 300].into());
+        let kv = |exec| ReadTag::Kv {
+            switch: SwitchId(1),
+            exec: ExecId(exec),
+            tokens: 10,
+            source: r.cell,
+        };
+        let snap = |step: Step, version| ReadTag::Snapshot { step, version };
+        for tag in [kv(4), kv(5), snap(2, 2), snap(1, 1)] {
+            r.sim.inject(
+                TESTER,
+                r.tx,
+                TransferReq::Read {
+                    tag,
+                    bytes: 1,
+                    reply_to: r.cell,
+                },
+            );
+        }
+        let got = r.cell_events();
+        assert_eq!(got.len(), 4);
+        assert!(matches!(
+            got[0],
+            TransferEvent::ReadDone {
+                tag: ReadTag::Kv {
+                    exec: ExecId(4),
+                    ..
+                }
+            }
+        ));
+        let s = r.stats();
+        // v1 was dropped: the newest version (v2) stands in for it.
+        assert_eq!(
+            (s.reads, s.kv_bytes, s.snapshot_bytes, s.missing),
+            (4, 100, 600, 1)
+        );
+        // A read copies; the blocks stay for the adopting engine.
+        assert_eq!(r.shared.kv.len(), 1);
+    }
+
+    #[test]
+    fn expose_sizes_the_segment_and_publish_waits_for_the_board() {
+        let mut r = rig();
+        r.shared.weights.publish(0, vec![0u8; 64].into());
+        r.sim.inject(
+            TESTER,
+            r.tx,
+            TransferReq::Expose {
+                version: 0,
+                reply_to: r.core,
+            },
+        );
+        r.sim.inject(
+            TESTER,
+            r.tx,
+            TransferReq::Publish {
+                version: 1,
+                engines: 2,
+                reply_to: r.core,
+            },
+        );
+        r.sim.run_until(20 * MILLIS).unwrap();
+        let got = r.core_events();
+        // Only the expose so far: v1 is not published.
+        assert!(
+            matches!(
+                got[..],
+                [(
+                    _,
+                    TransferEvent::Exposed {
+                        segment: Segment {
+                            id: 1,
+                            version: 0,
+                            bytes: 64
+                        }
+                    }
+                )]
+            ),
+            "{got:?}"
+        );
+        r.shared.weights.publish(1, vec![0u8; 64].into());
+        r.sim.run().unwrap();
+        let got = r.core_events();
+        assert!(
+            matches!(got[..], [(at, TransferEvent::Published { version: 1 })] if at > 20 * MILLIS)
+        );
+        let s = r.stats();
+        assert_eq!((s.exposes, s.publishes, s.missing), (1, 1, 0));
+    }
+}
