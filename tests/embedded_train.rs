@@ -137,3 +137,20 @@ fn a_configuration_file_overlays_the_defaults_and_names_typos() {
         .expect("a task with no turns is refused");
     assert!(err.to_string().contains("turns"), "{err}");
 }
+
+#[test]
+fn the_same_cluster_trains_on_the_live_host() {
+    use gyre::embedded::live::run_live;
+    let cfg = tiny(5, 4);
+    let r = run_live(&cfg, std::time::Duration::from_secs(120), &mut |_, _| {})
+        .expect("the live run completes");
+    assert_eq!(r.steps, 4);
+    let versions: Vec<u64> = r.updates.iter().map(|u| u.version).collect();
+    assert_eq!(versions, vec![1, 2, 3, 4]);
+    assert!(
+        r.updates
+            .iter()
+            .all(|u| u.targets > 0 && u.loss.is_finite())
+    );
+    assert!(r.scored > 0 && !r.reward_by_version.is_empty());
+}

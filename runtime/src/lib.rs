@@ -41,4 +41,5 @@ pub use time::{MICROS, MILLIS, Nanos, SECS};
 /// Version of the wire protocol (frame layout and every wire enum). Peers
 /// with a different version are refused at the handshake: bincode's layout is
 /// positional, so enums are append-only and any incompatible change bumps this.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: payload handles (`BlobId`) in the scheduling plane's protocols.
+pub const PROTOCOL_VERSION: u32 = 2;

@@ -7,9 +7,10 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use crate::embedded::cluster::EmbeddedConfig;
+use crate::embedded::live::{LiveReport, run_live};
 use crate::embedded::run::{TrainReport, run as run_cluster};
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Args)]
@@ -30,11 +31,25 @@ pub struct TrainArgs {
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// `sim`: the deterministic simulator (virtual time, exact replay);
+    /// `live`: the live host (real threads and time, model work on the
+    /// blocking pool; not reproducible bit for bit).
+    #[arg(long, value_enum, default_value_t = HostKind::Sim)]
+    pub host: HostKind,
     /// Print the complete configuration (defaults, the file and the flags
     /// applied) as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HostKind {
+    Sim,
+    Live,
+}
+
+/// A live run that publishes nothing for this long is reported stuck.
+const LIVE_STALL: std::time::Duration = std::time::Duration::from_secs(300);
 
 fn config(args: &TrainArgs) -> Result<EmbeddedConfig> {
     let base = if args.tiny {
@@ -80,6 +95,19 @@ pub fn run(args: TrainArgs) -> Result<()> {
             b.set_position(done);
         }
     };
+    if args.host == HostKind::Live {
+        let report =
+            run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print_live(&report);
+        }
+        return Ok(());
+    }
     let (_cluster, report) = run_cluster(&cfg, &mut progress).context("embedded training run")?;
     if let Some(b) = bar {
         b.finish_and_clear();
@@ -177,5 +205,27 @@ fn print_report(cfg: &EmbeddedConfig, r: &TrainReport) {
     println!(
         "run: seed {}, {} steps, {} events, trace hash {:016x}, {:.1} s virtual, {:.1} s wall",
         r.seed, r.steps, r.events, r.trace_hash, r.virtual_secs, r.wall_secs
+    );
+}
+
+fn print_live(r: &LiveReport) {
+    println!("step  version  micro-steps  targets   loss       grad-norm");
+    for u in &r.updates {
+        println!(
+            "{:>4}  {:>7}  {:>11}  {:>7}  {:>9.5}  {:>9.4}",
+            u.step, u.version, u.micro_steps, u.targets, u.loss, u.grad_norm
+        );
+    }
+    println!();
+    println!(
+        "reward: first quarter of versions {}, last quarter {}; {} executions, {} scored",
+        opt(r.early_reward),
+        opt(r.late_reward),
+        r.executions,
+        r.scored
+    );
+    println!(
+        "run (live host): seed {}, {} steps, {:.1} s wall",
+        r.seed, r.steps, r.wall_secs
     );
 }
