@@ -181,19 +181,39 @@ impl EmbeddedConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    // Each message carries its cause's text, so the cause is not also
+    // exposed as `source` (a report would print it twice).
     #[error("scheduling configuration: {0}")]
-    Sched(#[from] ConfigError),
+    Sched(ConfigError),
     #[error("sched.samples must be Recorded: the embedded backends train on recorded tokens")]
     Counted,
     #[error("model: {0}")]
-    Model(#[from] gyre_gpu::ModelError),
+    Model(gyre_gpu::ModelError),
     #[error("engine: {0}")]
-    Engine(#[from] EngineError),
+    Engine(EngineError),
     #[error("trainer: {0}")]
-    Trainer(#[from] TrainerError),
+    Trainer(TrainerError),
     #[error("task: {0}")]
-    Task(#[from] TaskConfigError),
+    Task(TaskConfigError),
 }
+
+macro_rules! build_error_from {
+    ($($variant:ident($ty:ty)),*) => {$(
+        impl From<$ty> for BuildError {
+            fn from(e: $ty) -> Self {
+                BuildError::$variant(e)
+            }
+        }
+    )*};
+}
+
+build_error_from!(
+    Sched(ConfigError),
+    Model(gyre_gpu::ModelError),
+    Engine(EngineError),
+    Trainer(TrainerError),
+    Task(TaskConfigError)
+);
 
 /// The backends of a built cluster, for reading their state.
 #[derive(Debug, Clone)]

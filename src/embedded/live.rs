@@ -32,9 +32,9 @@ impl Host for OnLiveNode<'_> {
 pub enum LiveRunError {
     #[error(transparent)]
     Build(#[from] BuildError),
-    #[error("live host: {0}")]
+    #[error("the live host failed")]
     Host(#[from] gyre_runtime::RuntimeError),
-    #[error("tokio runtime: {0}")]
+    #[error("could not start the tokio runtime")]
     Tokio(#[from] std::io::Error),
     #[error("no progress for {secs} s: {steps} of {target} steps published")]
     Stalled { secs: u64, steps: u64, target: u64 },

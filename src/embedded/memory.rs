@@ -9,8 +9,6 @@
 //! still holding requests or pins, a trainer mid-accumulation) is answered
 //! `Refused` with its reason.
 
-use std::collections::VecDeque;
-
 use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
 use gyre_gpu::engine::MemTag;
@@ -19,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::embedded::Front;
 use crate::embedded::shared::{EngineHandle, TrainerHandle, lock};
-use crate::embedded::work::Work;
+use crate::embedded::work::{Serial, Work};
 
 /// What a cell addresses as its device-memory manager.
 pub type EmbeddedMemory = Front<MemoryReq, MemoryWorker>;
@@ -75,8 +73,7 @@ impl From<MemoryReq> for Op {
 pub struct MemoryWorker {
     engine: EngineHandle,
     trainer: TrainerHandle,
-    queue: VecDeque<Op>,
-    running: Option<Op>,
+    jobs: Serial<Op>,
     stats: MemoryStats,
 }
 
@@ -85,8 +82,7 @@ impl MemoryWorker {
         Self {
             engine,
             trainer,
-            queue: VecDeque::new(),
-            running: None,
+            jobs: Serial::default(),
             stats: MemoryStats::default(),
         }
     }
@@ -96,13 +92,10 @@ impl MemoryWorker {
     }
 
     fn kick(&mut self, cx: &mut Cx<'_, Self>) {
-        if self.running.is_some() {
-            return;
-        }
-        let Some(op) = self.queue.pop_front() else {
+        let Some(op) = self.jobs.take_next() else {
             return;
         };
-        self.running = Some(op);
+        self.jobs.begin(op);
         let engine = self.engine.clone();
         let trainer = self.trainer.clone();
         let kind = if op.restore {
@@ -138,9 +131,9 @@ impl Actor for MemoryWorker {
 
     fn on_msg(&mut self, _from: ActorId, msg: MemoryWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            MemoryWorkerMsg::Req(r) => self.queue.push_back(r.into()),
+            MemoryWorkerMsg::Req(r) => self.jobs.push(r.into()),
             MemoryWorkerMsg::Done(result) => {
-                let Some(op) = self.running.take() else {
+                let Some(op) = self.jobs.finish() else {
                     tracing::error!("memory job completion with no job in flight");
                     return;
                 };

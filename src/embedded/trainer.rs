@@ -20,7 +20,7 @@
 //! when an execution's targets share a micro-step (the packer keeps rows
 //! whole, and the embedded task's executions are a few short rows).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use gyre_actors::sched::ids::{MicroStepId, Step};
@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::front::Front;
 use super::shared::{Shared, TrainerHandle, lock};
-use super::work::Work;
+use super::work::{Serial, Work};
 
 /// The trainer backend of one cell, addressed by the trainer protocol.
 pub type EmbeddedTrainer = Front<TrainerReq, TrainerWorker>;
@@ -142,8 +142,7 @@ pub struct TrainerWorker {
     objective: ObjectiveConfig,
     /// The core's reduced gradients between `Reduce` and `Update`.
     reduced: Arc<Mutex<Option<GradBuffer>>>,
-    queue: VecDeque<TrainerReq>,
-    running: Option<TrainerReq>,
+    jobs: Serial<TrainerReq>,
     stats: TrainerStats,
 }
 
@@ -151,7 +150,7 @@ impl std::fmt::Debug for TrainerWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TrainerWorker")
             .field("cell", &self.cell)
-            .field("queued", &self.queue.len())
+            .field("queued", &self.jobs.waiting())
             .field("stats", &self.stats)
             .finish()
     }
@@ -170,8 +169,7 @@ impl TrainerWorker {
             shared,
             objective,
             reduced: Arc::default(),
-            queue: VecDeque::new(),
-            running: None,
+            jobs: Serial::default(),
             stats: TrainerStats::default(),
         }
     }
@@ -181,10 +179,7 @@ impl TrainerWorker {
     }
 
     fn next(&mut self, cx: &mut Cx<'_, Self>) {
-        if self.running.is_some() {
-            return;
-        }
-        let Some(req) = self.queue.pop_front() else {
+        let Some(req) = self.jobs.take_next() else {
             return;
         };
         let done = TrainerWorkerMsg::Done;
@@ -218,7 +213,7 @@ impl TrainerWorker {
                 return self.next(cx);
             }
         }
-        self.running = Some(req);
+        self.jobs.begin(req);
     }
 
     fn warmup(&self) -> Work<Finished> {
@@ -452,8 +447,8 @@ impl Actor for TrainerWorker {
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            TrainerWorkerMsg::Req(r) => self.queue.push_back(r),
-            TrainerWorkerMsg::Done(result) => match self.running.take() {
+            TrainerWorkerMsg::Req(r) => self.jobs.push(r),
+            TrainerWorkerMsg::Done(result) => match self.jobs.finish() {
                 Some(req) => self.finish(req, result, cx),
                 None => {
                     self.stats.errors += 1;

@@ -11,7 +11,7 @@
 //! is answered once its version is on the weight board, re-checked on a
 //! timer while the core's upload is still under way.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gyre_actors::sched::cell::Cell;
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::embedded::Front;
 use crate::embedded::shared::{Shared, WeightBoard};
-use crate::embedded::work::Work;
+use crate::embedded::work::{Serial, Work};
 
 /// What the scheduling plane addresses as its transfer engine.
 pub type EmbeddedTransfer = Front<TransferReq, TransferWorker>;
@@ -77,8 +77,7 @@ enum Op {
 pub struct TransferWorker {
     shared: Shared,
     next_segment: u64,
-    queue: VecDeque<Op>,
-    running: Option<Op>,
+    jobs: Serial<Op>,
     /// Publications waiting for their version, by retry timer.
     waiting: BTreeMap<u64, Op>,
     next_timer: u64,
@@ -101,8 +100,7 @@ impl TransferWorker {
         Self {
             shared,
             next_segment: 0,
-            queue: VecDeque::new(),
-            running: None,
+            jobs: Serial::default(),
             waiting: BTreeMap::new(),
             next_timer: 0,
             stats: TransferStats::default(),
@@ -114,13 +112,10 @@ impl TransferWorker {
     }
 
     fn kick(&mut self, cx: &mut Cx<'_, Self>) {
-        if self.running.is_some() {
-            return;
-        }
-        let Some(op) = self.queue.pop_front() else {
+        let Some(op) = self.jobs.take_next() else {
             return;
         };
-        self.running = Some(op);
+        self.jobs.begin(op);
         let s = self.shared.clone();
         let missing = |what: String| Err(format!("{what} is not on its board"));
         match op {
@@ -218,7 +213,7 @@ impl Actor for TransferWorker {
 
     fn on_msg(&mut self, _from: ActorId, msg: TransferWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            TransferWorkerMsg::Req(r) => self.queue.push_back(match r {
+            TransferWorkerMsg::Req(r) => self.jobs.push(match r {
                 TransferReq::Expose { version, reply_to } => Op::Expose { version, reply_to },
                 TransferReq::Read { tag, reply_to, .. } => Op::Read { tag, reply_to },
                 TransferReq::Publish {
@@ -229,7 +224,7 @@ impl Actor for TransferWorker {
                     tries: 0,
                 },
             }),
-            TransferWorkerMsg::Done(result) => match self.running.take() {
+            TransferWorkerMsg::Done(result) => match self.jobs.finish() {
                 Some(op) => self.done(op, result, cx),
                 None => tracing::error!("transfer job completion with no job in flight"),
             },
@@ -239,7 +234,7 @@ impl Actor for TransferWorker {
 
     fn on_timer(&mut self, timer: u64, cx: &mut Cx<'_, Self>) {
         if let Some(op) = self.waiting.remove(&timer) {
-            self.queue.push_back(op);
+            self.jobs.push(op);
             self.kick(cx);
         }
     }

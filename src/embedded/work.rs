@@ -34,3 +34,72 @@ impl<T: Send + 'static> IoRequest for Work<T> {
         (self.job)().map_err(IoError::Failed)
     }
 }
+
+/// A worker's operations, started one at a time in arrival order: a
+/// completion always belongs to the one operation in flight, and two jobs
+/// never contend for one device.
+#[derive(Debug)]
+pub struct Serial<Op> {
+    queue: std::collections::VecDeque<Op>,
+    running: Option<Op>,
+}
+
+impl<Op> Default for Serial<Op> {
+    fn default() -> Self {
+        Self {
+            queue: std::collections::VecDeque::new(),
+            running: None,
+        }
+    }
+}
+
+impl<Op> Serial<Op> {
+    pub fn push(&mut self, op: Op) {
+        self.queue.push_back(op);
+    }
+
+    /// The next operation to start, unless one is in flight. The caller
+    /// starts it and hands it back with [`Serial::begin`], or answers it at
+    /// once if it needs no work.
+    pub fn take_next(&mut self) -> Option<Op> {
+        if self.running.is_some() {
+            return None;
+        }
+        self.queue.pop_front()
+    }
+
+    /// `op` is now in flight.
+    pub fn begin(&mut self, op: Op) {
+        self.running = Some(op);
+    }
+
+    /// The operation in flight finished.
+    pub fn finish(&mut self) -> Option<Op> {
+        self.running.take()
+    }
+
+    /// Operations waiting to start.
+    pub fn waiting(&self) -> usize {
+        self.queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_operation_at_a_time_in_order() {
+        let mut s = Serial::default();
+        s.push(1);
+        s.push(2);
+        let first = s.take_next().unwrap();
+        assert_eq!(first, 1);
+        s.begin(first);
+        assert_eq!(s.take_next(), None, "one is in flight");
+        assert_eq!(s.finish(), Some(1));
+        assert_eq!(s.finish(), None);
+        assert_eq!(s.take_next(), Some(2));
+        assert_eq!(s.waiting(), 0);
+    }
+}
