@@ -240,9 +240,11 @@ impl TrainerWorker {
         let blobs = self.shared.blobs.clone();
         let cfg = self.objective;
         Work::new("trainer.fwd_bwd", move || {
-            let payload: MicroStepRows =
-                get_decoded(blobs.as_ref(), rows).map_err(|e| format!("micro-step rows: {e}"))?;
+            // Read once, whatever it holds: a payload that does not decode
+            // will not decode later either.
+            let payload = get_decoded::<MicroStepRows>(blobs.as_ref(), rows);
             blobs.release(rows);
+            let payload = payload.map_err(|e| format!("micro-step rows: {e}"))?;
             let (rows, step) = to_trainer_input(payload);
             let mut t = lock(&trainer);
             let report = t
@@ -471,4 +473,189 @@ pub fn trainer_handle(
         None => Trainer::new(&shared.model, params)?,
     };
     Ok(Arc::new(Mutex::new(t)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gyre_actors::sched::cell::CellMsg;
+    use gyre_actors::sched::core::CoreMsg;
+    use gyre_actors::sched::ids::MicroStepId;
+    use gyre_actors::trajectory::packing::{RowChunk as PackedChunk, TokenRow};
+    use gyre_gpu::model::vocab::{self, Role};
+    use gyre_gpu::model::{ModelConfig, ParamBuffer};
+    use gyre_gpu::trainer::OptimConfig;
+    use gyre_runtime::sim::{Sim, SimConfig};
+    use gyre_runtime::{Addr, BlobId, BlobStore, MemBlobs, NodeId, put_encoded};
+
+    use super::*;
+
+    fn rows() -> MicroStepRows {
+        let prompt = vocab::chat(&[(Role::User, "say a")]);
+        let p = prompt.len();
+        let mut input_ids = prompt;
+        input_ids.extend([u32::from(b'a'), u32::from(b'b')]);
+        let n = input_ids.len();
+        let target: Vec<bool> = (0..n).map(|u| u >= p).collect();
+        let lp = -(264f32).ln();
+        MicroStepRows {
+            rows: vec![TokenRow {
+                execution: 0,
+                leaf: serde_json::from_str("1").unwrap(),
+                behaviour_logprobs: target.iter().map(|t| if *t { lp } else { 0.0 }).collect(),
+                coefficients: target.iter().map(|t| if *t { 0.5 } else { 0.0 }).collect(),
+                target,
+                input_ids,
+                advantage: 1.0,
+            }],
+            chunks: vec![PackedChunk {
+                row: 0,
+                start: 0,
+                end: n as u32,
+            }],
+        }
+    }
+
+    #[test]
+    fn bad_rows_train_nothing_and_the_step_still_completes() {
+        let cfg = ModelConfig::tiny();
+        let blobs = MemBlobs::shared();
+        let shared = Shared::new(cfg.clone(), blobs.clone());
+        let params = ParamBuffer::init(&cfg, 3).unwrap();
+        shared.weights.publish(0, Arc::from(params.encode()));
+        let optim = OptimConfig {
+            lr: 1e-2,
+            ..OptimConfig::default()
+        };
+        let th = trainer_handle(&shared, &params, Some(optim)).unwrap();
+        let mut sim = Sim::new(SimConfig::new(1));
+        let front = sim.spawn(
+            NodeId(1),
+            EmbeddedTrainer::new(TrainerWorker::new(
+                0,
+                th.clone(),
+                shared.clone(),
+                ObjectiveConfig::default(),
+            )),
+        );
+        let cell_probe = sim.probe::<CellMsg>(NodeId(2));
+        let core_probe = sim.probe::<CoreMsg>(NodeId(2));
+        let (cell, core) = (Addr::new(cell_probe.id()), Addr::new(core_probe.id()));
+        // On-policy behaviour log-probs, so the sequence clip keeps the
+        // execution (an arbitrary behaviour policy may clip it to zero).
+        let mut payload = rows();
+        let (train_rows, step) = to_trainer_input(payload.clone());
+        let lp = th
+            .lock()
+            .unwrap()
+            .token_logprobs(&train_rows, &step)
+            .unwrap();
+        let mut lp = lp.into_iter();
+        let row = &mut payload.rows[0];
+        for (b, t) in row.behaviour_logprobs.iter_mut().zip(&row.target) {
+            if *t {
+                *b = lp.next().unwrap();
+            }
+        }
+        let garbage = blobs.put(vec![7; 5]);
+        let good = put_encoded(blobs.as_ref(), &payload).unwrap();
+        let mstep = |seq| MicroStepId { step: 0, seq };
+        let reqs = [
+            TrainerReq::Warmup {
+                step: 0,
+                reply_to: cell,
+            },
+            TrainerReq::FwdBwd {
+                mstep: mstep(0),
+                tokens: 8,
+                rows: garbage,
+                reply_to: cell,
+            },
+            TrainerReq::FwdBwd {
+                mstep: mstep(1),
+                tokens: 8,
+                rows: BlobId(999),
+                reply_to: cell,
+            },
+            TrainerReq::FwdBwd {
+                mstep: mstep(2),
+                tokens: 8,
+                rows: good,
+                reply_to: cell,
+            },
+            TrainerReq::Drain {
+                step: 0,
+                reply_to: cell,
+            },
+            TrainerReq::Reduce {
+                step: 0,
+                members: 1,
+                group: None,
+                reply_to: core,
+            },
+            TrainerReq::Update {
+                step: 0,
+                reply_to: core,
+            },
+        ];
+        for r in reqs {
+            sim.inject(cell_probe.id(), front, r);
+        }
+        sim.run().unwrap();
+        let to_cell: Vec<_> = sim
+            .take_probe(cell_probe)
+            .into_iter()
+            .map(|r| r.msg)
+            .collect();
+        let computed: Vec<_> = to_cell
+            .iter()
+            .filter_map(|m| match m {
+                CellMsg::Trainer(TrainerEvent::Computed { mstep }) => Some(mstep.seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            computed,
+            vec![0, 1, 2],
+            "every micro-step is answered, in order"
+        );
+        assert!(matches!(
+            to_cell.last(),
+            Some(CellMsg::Trainer(TrainerEvent::Drained { step: 0 }))
+        ));
+        let to_core: Vec<_> = sim
+            .take_probe(core_probe)
+            .into_iter()
+            .map(|r| r.msg)
+            .collect();
+        assert!(
+            matches!(
+                &to_core[..],
+                [
+                    CoreMsg::Trainer(TrainerEvent::Reduced { step: 0, grad_norm }),
+                    CoreMsg::Trainer(TrainerEvent::Updated { step: 0 }),
+                ] if *grad_norm > 0.0
+            ),
+            "{to_core:?}"
+        );
+        let worker = sim
+            .actor(front)
+            .and_then(|f| f.worker())
+            .and_then(|w| sim.actor(w))
+            .unwrap();
+        let st = worker.stats();
+        assert_eq!(
+            (st.micro_steps, st.failed_micro_steps, st.errors),
+            (1, 2, 2)
+        );
+        assert_eq!(st.updates.len(), 1);
+        assert_eq!(
+            shared.weights.latest().map(|(v, _)| v),
+            Some(1),
+            "v1 published"
+        );
+        assert_eq!(th.lock().unwrap().version(), 1);
+        assert_eq!(blobs.live(), 0, "every row blob released, readable or not");
+    }
 }
