@@ -6,7 +6,8 @@
 //! rejected with an error naming the field.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+use common::{gyre, ok};
 
 /// A small, quick comparison: TerminalBench shrunk 24-fold (B = 2, C_e = 8).
 const QUICK: [&str; 8] = [
@@ -19,23 +20,6 @@ const QUICK: [&str; 8] = [
     "3",
     "--staleness=1",
 ];
-
-fn gyre(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(args)
-        .output()
-        .expect("gyre runs")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = gyre(args);
-    assert!(
-        out.status.success(),
-        "gyre {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn quick_json(seed: &str) -> Vec<u8> {
     let mut args = QUICK.to_vec();

@@ -2,19 +2,14 @@
 //! reports out, bad lines reported by number and skipped.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
+use common::gyre;
 
 use serde_json::{Value, json};
 
 const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/sample-trace.jsonl");
-
-fn gyre(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap()
-}
 
 fn json_of(out: &Output) -> Value {
     assert!(

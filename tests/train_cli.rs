@@ -4,25 +4,8 @@
 //! file `--config` reads back; a bad configuration file is refused with the
 //! field named and a non-zero exit.
 
-use std::process::{Command, Output};
-
-fn gyre(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(args)
-        .env("RUST_LOG", "error")
-        .output()
-        .expect("gyre runs")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = gyre(args);
-    assert!(
-        out.status.success(),
-        "gyre {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod common;
+use common::{gyre, ok};
 
 fn report(seed: &str) -> serde_json::Value {
     let out = ok(&["train", "--tiny", "--steps", "2", "--seed", seed, "--json"]);
