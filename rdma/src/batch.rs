@@ -77,6 +77,12 @@ impl BatchState {
                 }
             };
         }
-        Some(slots.completions.iter_mut().filter_map(Option::take).collect())
+        Some(
+            slots
+                .completions
+                .iter_mut()
+                .filter_map(Option::take)
+                .collect(),
+        )
     }
 }

@@ -72,7 +72,11 @@ impl TransferEngine {
     }
 
     /// Registers memory peers may write (an inbox, a gradient buffer).
-    pub fn register_mutable(&self, name: &str, bytes: Vec<u8>) -> Result<SegmentInfo, TransferError> {
+    pub fn register_mutable(
+        &self,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<SegmentInfo, TransferError> {
         self.node.segments.register_mutable(name, bytes)
     }
 
@@ -105,7 +109,10 @@ impl TransferEngine {
 
     /// Connects to another engine in this process (zero-copy reads).
     pub fn connect_local(&self, other: &TransferEngine) -> PeerId {
-        self.add_peer(Arc::new(LocalTransport::new(other.node.clone(), self.node.name.clone())))
+        self.add_peer(Arc::new(LocalTransport::new(
+            other.node.clone(),
+            self.node.name.clone(),
+        )))
     }
 
     /// Connects to a peer's [`TcpServer`], proving the cluster secret.
@@ -161,7 +168,10 @@ impl TransferEngine {
         };
         let target = &request.target;
         let len = request.len();
-        if let Op::Read { into: Some(buf), len } = &request.op
+        if let Op::Read {
+            into: Some(buf),
+            len,
+        } = &request.op
             && buf.len() as u64 != *len
         {
             return done(Err(RequestError::BufferMismatch {
@@ -175,7 +185,11 @@ impl TransferEngine {
                 name: target.name.chars().take(64).collect(),
             }));
         }
-        if request.offset.checked_add(len).is_none_or(|end| end > target.len) {
+        if request
+            .offset
+            .checked_add(len)
+            .is_none_or(|end| end > target.len)
+        {
             return done(Err(RequestError::OutOfBounds {
                 peer: transport.label().to_string(),
                 name: target.name.to_string(),

@@ -26,7 +26,9 @@ pub use batch::BatchId;
 pub use engine::TransferEngine;
 pub use error::{RequestError, TransferError};
 pub use notify::Notification;
-pub use request::{Completion, Op, PeerId, RequestStatus, SegmentRef, TransferRequest, Transferred};
+pub use request::{
+    Completion, Op, PeerId, RequestStatus, SegmentRef, TransferRequest, Transferred,
+};
 pub use segment::{LocalSegment, SegmentInfo};
 pub use transport::Transport;
 pub use transport::tcp::{ClusterSecret, TcpOptions, TcpServer};

@@ -40,16 +40,18 @@ pub(crate) struct NotificationHub {
 impl NotificationHub {
     pub fn deliver(&self, note: Notification) {
         let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = topics.subscribers.get(&note.topic) {
-            match tx.send(note) {
-                Ok(()) => return,
+        let note = match topics.subscribers.get(&note.topic) {
+            Some(tx) => match tx.send(note) {
+                Ok(()) => None,
+                // The subscriber went away: hold the message for the next one.
                 Err(back) => {
-                    let note = back.0;
-                    topics.subscribers.remove(&note.topic);
-                    hold(&mut topics, note);
+                    topics.subscribers.remove(&back.0.topic);
+                    Some(back.0)
                 }
-            }
-        } else {
+            },
+            None => Some(note),
+        };
+        if let Some(note) = note {
             hold(&mut topics, note);
         }
     }

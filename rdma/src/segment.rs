@@ -162,6 +162,19 @@ impl LocalSegment {
         self.0.read_bytes(0, self.0.len())
     }
 
+    /// Address, length and writability of the segment's memory, for pinning
+    /// it with a NIC. The allocation never moves while the segment lives.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn raw_parts(&self) -> (usize, usize, bool) {
+        match &self.0.memory {
+            Memory::Frozen(b) => (b.as_ptr() as usize, b.len(), false),
+            Memory::Mutable(m) => {
+                let guard = read_lock(m);
+                (guard.as_ptr() as usize, guard.len(), true)
+            }
+        }
+    }
+
     /// Runs `f` over the whole segment's bytes.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         self.0.with_range(0, self.0.len(), f)
@@ -170,12 +183,12 @@ impl LocalSegment {
     /// Runs `f` over the whole segment's bytes mutably; a frozen segment is
     /// refused.
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransferError> {
-        self.0
-            .with_range_mut(0, self.0.len(), f)
-            .ok_or_else(|| TransferError::Request(RequestError::ReadOnly {
+        self.0.with_range_mut(0, self.0.len(), f).ok_or_else(|| {
+            TransferError::Request(RequestError::ReadOnly {
                 peer: "this node".into(),
                 name: self.0.name.to_string(),
-            }))
+            })
+        })
     }
 }
 
@@ -212,7 +225,11 @@ impl SegmentTable {
         self.register(name, Memory::Frozen(bytes))
     }
 
-    pub fn register_mutable(&self, name: &str, bytes: Vec<u8>) -> Result<SegmentInfo, TransferError> {
+    pub fn register_mutable(
+        &self,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<SegmentInfo, TransferError> {
         self.register(name, Memory::Mutable(RwLock::new(bytes.into_boxed_slice())))
     }
 
@@ -263,12 +280,21 @@ mod tests {
     #[test]
     fn reregistering_bumps_the_version_and_refuses_the_old_one() {
         let table = SegmentTable::default();
-        let v1 = table.register_frozen("w", Bytes::from_static(b"abcd")).unwrap();
+        let v1 = table
+            .register_frozen("w", Bytes::from_static(b"abcd"))
+            .unwrap();
         let v2 = table.register_mutable("w", vec![0; 8]).unwrap();
         assert_eq!((v1.version, v2.version), (1, 2));
         let seg = table.lookup("me", "w").unwrap();
         let err = seg.admit("me", v1.version, 0, 4, false).unwrap_err();
-        assert!(matches!(err, RequestError::StaleVersion { requested: 1, current: 2, .. }));
+        assert!(matches!(
+            err,
+            RequestError::StaleVersion {
+                requested: 1,
+                current: 2,
+                ..
+            }
+        ));
         assert!(table.unregister("w"));
         let v3 = table.register_frozen("w", Bytes::new()).unwrap();
         assert_eq!(v3.version, 3);
@@ -277,13 +303,26 @@ mod tests {
     #[test]
     fn admission_checks_bounds_without_overflow_and_refuses_frozen_writes() {
         let table = SegmentTable::default();
-        let info = table.register_frozen("s", Bytes::from(vec![7u8; 16])).unwrap();
+        let info = table
+            .register_frozen("s", Bytes::from(vec![7u8; 16]))
+            .unwrap();
         let seg = table.lookup("me", "s").unwrap();
         assert!(seg.admit("me", info.version, 0, 16, false).is_ok());
         assert!(seg.admit("me", info.version, 16, 0, false).is_ok());
         for (offset, len) in [(1, 16), (17, 0), (u64::MAX, 2)] {
-            let err = seg.admit("me", info.version, offset, len, false).unwrap_err();
-            assert!(matches!(err, RequestError::OutOfBounds { segment_len: 16, .. }), "{err}");
+            let err = seg
+                .admit("me", info.version, offset, len, false)
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    RequestError::OutOfBounds {
+                        segment_len: 16,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
         }
         let err = seg.admit("me", info.version, 0, 1, true).unwrap_err();
         assert!(matches!(err, RequestError::ReadOnly { .. }));

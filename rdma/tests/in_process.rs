@@ -12,9 +12,17 @@ use proptest::prelude::*;
 
 const LEN: usize = 256 << 10;
 
-fn pair(tcp: bool) -> (TransferEngine, TransferEngine, gyre_rdma::PeerId, Option<gyre_rdma::TcpServer>) {
+fn pair(
+    tcp: bool,
+) -> (
+    TransferEngine,
+    TransferEngine,
+    gyre_rdma::PeerId,
+    Option<gyre_rdma::TcpServer>,
+) {
     let far = TransferEngine::new("far");
-    far.register_frozen("frozen", Bytes::from(pattern(1, LEN))).unwrap();
+    far.register_frozen("frozen", Bytes::from(pattern(1, LEN)))
+        .unwrap();
     far.register_mutable("mutable", pattern(2, LEN)).unwrap();
     let near = TransferEngine::new("near");
     if tcp {
@@ -24,7 +32,9 @@ fn pair(tcp: bool) -> (TransferEngine, TransferEngine, gyre_rdma::PeerId, Option
             connections: 2,
             stripe_bytes: 16 << 10,
         };
-        let id = near.connect_tcp(server.local_addr(), &secret, opts).unwrap();
+        let id = near
+            .connect_tcp(server.local_addr(), &secret, opts)
+            .unwrap();
         (near, far, id, Some(server))
     } else {
         let id = near.connect_local(&far);
@@ -88,7 +98,11 @@ fn in_process_reads_of_frozen_memory_are_zero_copy() {
     let whole = far.local_segment("frozen").unwrap().to_bytes();
     let got = near.transfer(vec![TransferRequest::read(&seg, 100, 1000)]);
     let data = got[0].as_ref().unwrap().data.clone().unwrap();
-    assert_eq!(data.as_ptr(), whole[100..].as_ptr(), "the read shares the registered memory");
+    assert_eq!(
+        data.as_ptr(),
+        whole[100..].as_ptr(),
+        "the read shares the registered memory"
+    );
 }
 
 #[test]
@@ -101,7 +115,11 @@ fn reads_into_a_caller_buffer_reuse_it_and_size_mismatches_are_refused() {
         let got = near.transfer(vec![TransferRequest::read_into(&seg, 7, buf)]);
         let data = got[0].as_ref().unwrap().data.clone().unwrap();
         assert_eq!(&data[..], &pattern(2, LEN)[7..50_007]);
-        assert_eq!(data.as_ptr(), ptr, "tcp={tcp}: the caller's buffer was filled in place");
+        assert_eq!(
+            data.as_ptr(),
+            ptr,
+            "tcp={tcp}: the caller's buffer was filled in place"
+        );
         let bad = TransferRequest {
             target: seg.clone(),
             offset: 0,
@@ -121,10 +139,17 @@ fn reads_into_a_caller_buffer_reuse_it_and_size_mismatches_are_refused() {
 fn batches_poll_per_request_and_complete_one_callback_each() {
     let (near, _far, id, _server) = pair(true);
     let seg = near.open_segment(id, "frozen").unwrap();
-    let batch = near.submit_transfer((0..64).map(|i| TransferRequest::read(&seg, i * 10, 4096)).collect());
+    let batch = near.submit_transfer(
+        (0..64)
+            .map(|i| TransferRequest::read(&seg, i * 10, 4096))
+            .collect(),
+    );
     let done = near.wait_batch(batch, None).unwrap();
     assert_eq!(done.len(), 64);
-    assert!(near.transfer_status(batch).is_err(), "a waited batch is freed");
+    assert!(
+        near.transfer_status(batch).is_err(),
+        "a waited batch is freed"
+    );
 
     let calls = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -141,7 +166,10 @@ fn batches_poll_per_request_and_complete_one_callback_each() {
     let mut got: Vec<_> = (0..32).map(|_| rx.recv().unwrap()).collect();
     got.sort_by_key(|(i, _)| *i);
     for (i, c) in got {
-        assert_eq!(&c.unwrap().data.unwrap()[..], &pattern(1, LEN)[i as usize..i as usize + 8]);
+        assert_eq!(
+            &c.unwrap().data.unwrap()[..],
+            &pattern(1, LEN)[i as usize..i as usize + 8]
+        );
     }
     assert_eq!(calls.load(Ordering::SeqCst), 32);
 }

@@ -41,7 +41,9 @@ fn peer_with_segments() -> Peer {
 fn batched_reads_and_writes_between_two_processes_are_byte_exact() {
     let peer = peer_with_segments();
     let engine = TransferEngine::new("near");
-    let id = engine.connect_tcp(&peer.addr, &secret(), options()).unwrap();
+    let id = engine
+        .connect_tcp(&peer.addr, &secret(), options())
+        .unwrap();
     let weights = engine.open_segment(id, "weights").unwrap();
     let inbox = engine.open_segment(id, "inbox").unwrap();
     assert_eq!((weights.len, inbox.len), (WEIGHTS as u64, INBOX as u64));
@@ -64,12 +66,17 @@ fn batched_reads_and_writes_between_two_processes_are_byte_exact() {
                 .map(|&(o, l)| TransferRequest::read(&weights, o, l))
                 .collect(),
         );
-        let done = engine.wait_batch(batch, Some(Duration::from_secs(60))).unwrap();
+        let done = engine
+            .wait_batch(batch, Some(Duration::from_secs(60)))
+            .unwrap();
         for ((off, len), c) in ranges.iter().zip(done) {
             let got = c.unwrap();
             assert_eq!(got.bytes, *len);
             let (o, l) = (*off as usize, *len as usize);
-            assert!(got.data.unwrap() == expected[o..o + l], "read [{o}, +{l}) differs");
+            assert!(
+                got.data.unwrap() == expected[o..o + l],
+                "read [{o}, +{l}) differs"
+            );
         }
 
         // Random writes into the mutable segment, then the whole of it back.
@@ -79,7 +86,11 @@ fn batched_reads_and_writes_between_two_processes_are_byte_exact() {
             let off = rng.random_range(0..=INBOX - len);
             let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
             mirror[off..off + len].copy_from_slice(&data);
-            writes.push(TransferRequest::write(&inbox, off as u64, Bytes::from(data)));
+            writes.push(TransferRequest::write(
+                &inbox,
+                off as u64,
+                Bytes::from(data),
+            ));
         }
         // Overlapping writes are applied in no fixed order; do them one at a
         // time so the mirror is well defined.
@@ -102,30 +113,48 @@ fn batched_reads_and_writes_between_two_processes_are_byte_exact() {
 fn a_stale_segment_version_is_refused_and_reopening_recovers() {
     let peer = peer_with_segments();
     let engine = TransferEngine::new("near");
-    let id = engine.connect_tcp(&peer.addr, &secret(), options()).unwrap();
+    let id = engine
+        .connect_tcp(&peer.addr, &secret(), options())
+        .unwrap();
     let old = engine.open_segment(id, "weights").unwrap();
     engine
         .send_notification(id, "peer", Bytes::from_static(b"reregister weights"))
         .unwrap();
-    assert_eq!(peer.next_line(), format!("reregistered weights {}", old.version + 1));
+    assert_eq!(
+        peer.next_line(),
+        format!("reregistered weights {}", old.version + 1)
+    );
 
     let refused = engine.transfer(vec![TransferRequest::read(&old, 0, 16)]);
     match &refused[0] {
-        Err(RequestError::StaleVersion { requested, current, name, .. }) => {
-            assert_eq!((*requested, *current, name.as_str()), (old.version, old.version + 1, "weights"));
+        Err(RequestError::StaleVersion {
+            requested,
+            current,
+            name,
+            ..
+        }) => {
+            assert_eq!(
+                (*requested, *current, name.as_str()),
+                (old.version, old.version + 1, "weights")
+            );
         }
         other => panic!("expected a stale-version refusal, got {other:?}"),
     }
     let fresh = engine.open_segment(id, "weights").unwrap();
     let ok = engine.transfer(vec![TransferRequest::read(&fresh, 0, 16)]);
-    assert_eq!(ok[0].as_ref().unwrap().data.as_deref(), Some(&pattern(11, 16)[..]));
+    assert_eq!(
+        ok[0].as_ref().unwrap().data.as_deref(),
+        Some(&pattern(11, 16)[..])
+    );
 }
 
 #[test]
 fn the_server_refuses_bad_requests_clearly_and_keeps_serving() {
     let peer = peer_with_segments();
     let engine = TransferEngine::new("near");
-    let id = engine.connect_tcp(&peer.addr, &secret(), options()).unwrap();
+    let id = engine
+        .connect_tcp(&peer.addr, &secret(), options())
+        .unwrap();
     let weights = engine.open_segment(id, "weights").unwrap();
     assert!(matches!(
         engine.open_segment(id, "nope"),
@@ -146,12 +175,17 @@ fn the_server_refuses_bad_requests_clearly_and_keeps_serving() {
     // The first is refused by the server (it knows the real length), the
     // second, whose end overflows u64, already by the engine.
     match &out[0] {
-        Err(RequestError::OutOfBounds { segment_len, .. }) => assert_eq!(*segment_len, WEIGHTS as u64),
+        Err(RequestError::OutOfBounds { segment_len, .. }) => {
+            assert_eq!(*segment_len, WEIGHTS as u64)
+        }
         other => panic!("expected out-of-bounds from the server, got {other:?}"),
     }
     assert!(matches!(out[1], Err(RequestError::OutOfBounds { .. })));
     assert!(matches!(out[2], Err(RequestError::ReadOnly { .. })));
-    assert_eq!(out[3].as_ref().unwrap().data.as_deref(), Some(&pattern(11, 4)[..]));
+    assert_eq!(
+        out[3].as_ref().unwrap().data.as_deref(),
+        Some(&pattern(11, 4)[..])
+    );
     let msg = out[0].as_ref().unwrap_err().to_string();
     assert!(msg.contains("outside segment `weights`"), "{msg}");
 }
@@ -161,8 +195,12 @@ fn a_peer_killed_mid_transfer_fails_exactly_its_requests() {
     let doomed = peer_with_segments();
     let healthy = peer_with_segments();
     let engine = TransferEngine::new("near");
-    let a = engine.connect_tcp(&doomed.addr, &secret(), options()).unwrap();
-    let b = engine.connect_tcp(&healthy.addr, &secret(), options()).unwrap();
+    let a = engine
+        .connect_tcp(&doomed.addr, &secret(), options())
+        .unwrap();
+    let b = engine
+        .connect_tcp(&healthy.addr, &secret(), options())
+        .unwrap();
     let wa = engine.open_segment(a, "weights").unwrap();
     let wb = engine.open_segment(b, "weights").unwrap();
 
@@ -177,22 +215,38 @@ fn a_peer_killed_mid_transfer_fails_exactly_its_requests() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let status = engine.transfer_status(batch).unwrap();
-        let healthy_done = status.iter().skip(1).step_by(2).all(|s| matches!(s, RequestStatus::Completed { .. }));
+        let healthy_done = status
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .all(|s| matches!(s, RequestStatus::Completed { .. }));
         if healthy_done {
-            assert!(status.iter().step_by(2).all(|s| *s == RequestStatus::Pending));
+            assert!(
+                status
+                    .iter()
+                    .step_by(2)
+                    .all(|s| *s == RequestStatus::Pending)
+            );
             break;
         }
-        assert!(Instant::now() < deadline, "healthy peer's requests never completed");
+        assert!(
+            Instant::now() < deadline,
+            "healthy peer's requests never completed"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     doomed.signal("-KILL");
-    let done = engine.wait_batch(batch, Some(Duration::from_secs(30))).unwrap();
+    let done = engine
+        .wait_batch(batch, Some(Duration::from_secs(30)))
+        .unwrap();
     let expected = pattern(11, WEIGHTS);
     for (i, c) in done.iter().enumerate() {
         let at = (i / 2) * 1000;
         if i % 2 == 0 {
             match c {
-                Err(RequestError::PeerLost { peer, .. }) => assert!(peer.starts_with("far@"), "{peer}"),
+                Err(RequestError::PeerLost { peer, .. }) => {
+                    assert!(peer.starts_with("far@"), "{peer}")
+                }
                 other => panic!("request to the killed peer: expected PeerLost, got {other:?}"),
             }
         } else {
@@ -204,7 +258,10 @@ fn a_peer_killed_mid_transfer_fails_exactly_its_requests() {
         TransferRequest::read(&wb, 0, 8),
         TransferRequest::read(&wa, 0, 8),
     ]);
-    assert_eq!(after[0].as_ref().unwrap().data.as_deref(), Some(&expected[..8]));
+    assert_eq!(
+        after[0].as_ref().unwrap().data.as_deref(),
+        Some(&expected[..8])
+    );
     assert!(matches!(after[1], Err(RequestError::PeerLost { .. })));
 }
 
@@ -233,11 +290,17 @@ fn a_node_without_the_cluster_secret_is_refused() {
     let mut got = Vec::new();
     let _ = raw.read_to_end(&mut got);
     assert_eq!(&got[..5], b"GYRT\x01");
-    assert_eq!(got.len(), 5 + 32 + 1, "only the challenge and a refusal byte");
+    assert_eq!(
+        got.len(),
+        5 + 32 + 1,
+        "only the challenge and a refusal byte"
+    );
     assert_eq!(got[37], 0);
 
     // The peer still serves nodes holding the secret.
     let engine = TransferEngine::new("near");
-    let id = engine.connect_tcp(&peer.addr, &secret(), options()).unwrap();
+    let id = engine
+        .connect_tcp(&peer.addr, &secret(), options())
+        .unwrap();
     assert!(engine.open_segment(id, "weights").is_ok());
 }

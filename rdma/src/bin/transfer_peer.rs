@@ -32,8 +32,12 @@ fn parse_spec(arg: &str, mutable: bool) -> Result<Spec, String> {
     };
     Ok(Spec {
         name: name.to_string(),
-        len: len.parse().map_err(|e| format!("segment `{arg}`: length: {e}"))?,
-        seed: seed.parse().map_err(|e| format!("segment `{arg}`: seed: {e}"))?,
+        len: len
+            .parse()
+            .map_err(|e| format!("segment `{arg}`: length: {e}"))?,
+        seed: seed
+            .parse()
+            .map_err(|e| format!("segment `{arg}`: seed: {e}"))?,
         mutable,
     })
 }
@@ -60,19 +64,21 @@ fn run() -> Result<(), String> {
     let register = {
         let engine = engine.clone();
         move |s: &Spec| {
-        let bytes = pattern(s.seed, s.len);
-        if s.mutable {
-            engine.register_mutable(&s.name, bytes)
-        } else {
-            engine.register_frozen(&s.name, Bytes::from(bytes))
-        }
-        .map_err(|e| e.to_string())
+            let bytes = pattern(s.seed, s.len);
+            if s.mutable {
+                engine.register_mutable(&s.name, bytes)
+            } else {
+                engine.register_frozen(&s.name, Bytes::from(bytes))
+            }
+            .map_err(|e| e.to_string())
         }
     };
     for s in &specs {
         register(s)?;
     }
-    let server = engine.listen_tcp(&listen, &secret).map_err(|e| e.to_string())?;
+    let server = engine
+        .listen_tcp(&listen, &secret)
+        .map_err(|e| e.to_string())?;
     let notes = engine.subscribe("peer");
     let stdout = std::sync::Arc::new(std::sync::Mutex::new(std::io::stdout()));
     let say = {

@@ -17,7 +17,12 @@ impl Group {
 
     /// Sends `data` from `root` to every member; members pass `None` and get
     /// the root's bytes back. `call` numbers the broadcasts of this group.
-    pub fn broadcast(&self, root: usize, call: u64, data: Option<Bytes>) -> Result<Bytes, CollectiveError> {
+    pub fn broadcast(
+        &self,
+        root: usize,
+        call: u64,
+        data: Option<Bytes>,
+    ) -> Result<Bytes, CollectiveError> {
         let (ready, read) = (self.topic("bcast-ready"), self.topic("bcast-read"));
         if root >= self.size() {
             return Err(CollectiveError::NotMember {
@@ -29,7 +34,9 @@ impl Group {
         if self.rank == root {
             let data = data.unwrap_or_default();
             let done = self.engine.subscribe(&read);
-            let info = self.engine.register_frozen(&self.bcast_segment(), data.clone())?;
+            let info = self
+                .engine
+                .register_frozen(&self.bcast_segment(), data.clone())?;
             for r in (0..self.size()).filter(|&r| r != root) {
                 self.engine
                     .send_notification(self.peer(r)?, &ready, signal(call, info.version))?;
@@ -62,14 +69,26 @@ impl Group {
             Some(Err(e)) => return Err(e.into()),
             None => Bytes::new(),
         };
-        self.engine.send_notification(root_peer, &read, signal(call, 0))?;
+        self.engine
+            .send_notification(root_peer, &read, signal(call, 0))?;
         Ok(bytes)
     }
 
     /// [`Self::broadcast`] of f32 parameters.
-    pub fn broadcast_f32(&self, root: usize, call: u64, params: &mut Vec<f32>) -> Result<(), CollectiveError> {
-        let data = (self.rank == root)
-            .then(|| Bytes::from(params.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()));
+    pub fn broadcast_f32(
+        &self,
+        root: usize,
+        call: u64,
+        params: &mut Vec<f32>,
+    ) -> Result<(), CollectiveError> {
+        let data = (self.rank == root).then(|| {
+            Bytes::from(
+                params
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            )
+        });
         let bytes = self.broadcast(root, call, data)?;
         if self.rank != root {
             *params = bytes

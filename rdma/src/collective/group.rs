@@ -28,11 +28,19 @@ pub enum CollectiveError {
     #[error("group `{tag}`: {len} values exceed the {max} the group was built for")]
     TooLong { tag: String, len: usize, max: usize },
     #[error("group `{tag}`: rank {rank} is not inside a group of {size}")]
-    NotMember { tag: String, rank: usize, size: usize },
+    NotMember {
+        tag: String,
+        rank: usize,
+        size: usize,
+    },
     #[error("group `{tag}`: peer for rank {rank} is missing")]
     MissingPeer { tag: String, rank: usize },
     #[error("group `{tag}`: malformed signal on `{topic}` ({len} bytes)")]
-    BadSignal { tag: String, topic: String, len: usize },
+    BadSignal {
+        tag: String,
+        topic: String,
+        len: usize,
+    },
 }
 
 /// The members of one collective, seen from one of them.
@@ -132,14 +140,16 @@ impl Group {
         notes: &Receiver<Notification>,
         what: impl FnOnce() -> String,
     ) -> Result<Notification, CollectiveError> {
-        notes.recv_timeout(STEP_TIMEOUT).map_err(|e| CollectiveError::Timeout {
-            tag: self.tag.clone(),
-            what: match e {
-                RecvTimeoutError::Timeout => what(),
-                RecvTimeoutError::Disconnected => format!("{} (subscription closed)", what()),
-            },
-            waited: STEP_TIMEOUT,
-        })
+        notes
+            .recv_timeout(STEP_TIMEOUT)
+            .map_err(|e| CollectiveError::Timeout {
+                tag: self.tag.clone(),
+                what: match e {
+                    RecvTimeoutError::Timeout => what(),
+                    RecvTimeoutError::Disconnected => format!("{} (subscription closed)", what()),
+                },
+                waited: STEP_TIMEOUT,
+            })
     }
 }
 
@@ -150,7 +160,11 @@ pub(crate) fn signal(call: u64, step: u64) -> bytes::Bytes {
     b.into()
 }
 
-pub(crate) fn parse_signal(group: &Group, topic: &str, note: &Notification) -> Result<(u64, u64), CollectiveError> {
+pub(crate) fn parse_signal(
+    group: &Group,
+    topic: &str,
+    note: &Notification,
+) -> Result<(u64, u64), CollectiveError> {
     let p = &note.payload;
     if p.len() != 16 {
         return Err(CollectiveError::BadSignal {

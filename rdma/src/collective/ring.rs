@@ -90,7 +90,10 @@ impl RingAllReduce {
                 ((r + 1 + n - t) % n, (r + n - t) % n)
             };
             let slot = ((call % 2) as usize * steps + s) as u64 * slot_bytes;
-            let out: Vec<u8> = values[range(send)].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let out: Vec<u8> = values[range(send)]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
             let mut done = self.group.engine.transfer(vec![TransferRequest::write(
                 &right_inbox,
                 slot,

@@ -25,7 +25,10 @@ impl LocalTransport {
     }
 
     fn run(&self, request: TransferRequest) -> Result<Transferred, RequestError> {
-        let segment = self.node.segments.lookup(&self.label, &request.target.name)?;
+        let segment = self
+            .node
+            .segments
+            .lookup(&self.label, &request.target.name)?;
         let len = request.len();
         segment.admit(
             &self.label,
@@ -39,7 +42,10 @@ impl LocalTransport {
                 bytes: len,
                 data: Some(segment.read_bytes(request.offset, len)),
             }),
-            Op::Read { into: Some(mut buf), .. } => {
+            Op::Read {
+                into: Some(mut buf),
+                ..
+            } => {
                 segment.with_range(request.offset, len, |src| buf.copy_from_slice(src));
                 Ok(Transferred {
                     bytes: len,

@@ -43,8 +43,13 @@ impl Peer {
                 }
             }
         });
-        let first = lines.recv_timeout(Duration::from_secs(60)).expect("peer started");
-        let addr = first.strip_prefix("listening ").expect("listening line").to_string();
+        let first = lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("peer started");
+        let addr = first
+            .strip_prefix("listening ")
+            .expect("listening line")
+            .to_string();
         Peer {
             child,
             addr,

@@ -67,7 +67,9 @@ fn io(peer: &str, step: &str) -> impl FnOnce(std::io::Error) -> TransferError {
 
 fn read_name(stream: &mut TcpStream, peer: &str) -> Result<Vec<u8>, TransferError> {
     let mut len = [0u8; 2];
-    stream.read_exact(&mut len).map_err(io(peer, "reading a name"))?;
+    stream
+        .read_exact(&mut len)
+        .map_err(io(peer, "reading a name"))?;
     let len = u16::from_le_bytes(len) as usize;
     if len > MAX_NAME {
         return Err(TransferError::Handshake {
@@ -76,7 +78,9 @@ fn read_name(stream: &mut TcpStream, peer: &str) -> Result<Vec<u8>, TransferErro
         });
     }
     let mut name = vec![0; len];
-    stream.read_exact(&mut name).map_err(io(peer, "reading a name"))?;
+    stream
+        .read_exact(&mut name)
+        .map_err(io(peer, "reading a name"))?;
     Ok(name)
 }
 
@@ -100,7 +104,9 @@ pub(crate) fn accept(
     let server_nonce: [u8; NONCE] = rand::random();
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&server_nonce);
-    stream.write_all(&hello).map_err(io(peer, "sending the challenge"))?;
+    stream
+        .write_all(&hello)
+        .map_err(io(peer, "sending the challenge"))?;
 
     let mut client_nonce = [0u8; NONCE];
     stream
@@ -108,8 +114,13 @@ pub(crate) fn accept(
         .map_err(io(peer, "reading the client nonce"))?;
     let client_name = read_name(stream, peer)?;
     let mut tag = [0u8; TAG];
-    stream.read_exact(&mut tag).map_err(io(peer, "reading the proof"))?;
-    let proof = secret.tag(b"gyre-transfer client", &[&server_nonce, &client_nonce, &client_name]);
+    stream
+        .read_exact(&mut tag)
+        .map_err(io(peer, "reading the proof"))?;
+    let proof = secret.tag(
+        b"gyre-transfer client",
+        &[&server_nonce, &client_nonce, &client_name],
+    );
     if proof.verify_slice(&tag).is_err() {
         let _ = stream.write_all(&[0]);
         return Err(TransferError::PeerNotAuthenticated { peer: peer.into() });
@@ -118,11 +129,16 @@ pub(crate) fn accept(
     reply.extend_from_slice(&name_frame(own_name));
     let own = &reply[3..].to_vec();
     let tag = secret
-        .tag(b"gyre-transfer server", &[&client_nonce, &server_nonce, own])
+        .tag(
+            b"gyre-transfer server",
+            &[&client_nonce, &server_nonce, own],
+        )
         .finalize()
         .into_bytes();
     reply.extend_from_slice(&tag);
-    stream.write_all(&reply).map_err(io(peer, "sending the verdict"))?;
+    stream
+        .write_all(&reply)
+        .map_err(io(peer, "sending the verdict"))?;
     stream
         .set_read_timeout(None)
         .map_err(io(peer, "clearing the timeout"))?;
@@ -153,13 +169,18 @@ pub(crate) fn connect(
     let client_nonce: [u8; NONCE] = rand::random();
     let name = name_frame(own_name);
     let tag = secret
-        .tag(b"gyre-transfer client", &[server_nonce, &client_nonce, &name[2..]])
+        .tag(
+            b"gyre-transfer client",
+            &[server_nonce, &client_nonce, &name[2..]],
+        )
         .finalize()
         .into_bytes();
     let mut answer = client_nonce.to_vec();
     answer.extend_from_slice(&name);
     answer.extend_from_slice(&tag);
-    stream.write_all(&answer).map_err(io(peer, "sending the proof"))?;
+    stream
+        .write_all(&answer)
+        .map_err(io(peer, "sending the proof"))?;
 
     let mut verdict = [0u8; 1];
     match stream.read_exact(&mut verdict) {
@@ -172,7 +193,10 @@ pub(crate) fn connect(
     stream
         .read_exact(&mut tag)
         .map_err(io(peer, "reading the server's proof"))?;
-    let proof = secret.tag(b"gyre-transfer server", &[&client_nonce, server_nonce, &server_name]);
+    let proof = secret.tag(
+        b"gyre-transfer server",
+        &[&client_nonce, server_nonce, &server_name],
+    );
     if proof.verify_slice(&tag).is_err() {
         return Err(TransferError::PeerNotAuthenticated { peer: peer.into() });
     }

@@ -79,11 +79,16 @@ impl Striped {
         if state.left > 0 {
             return;
         }
-        let Some(done) = state.done.take() else { return };
+        let Some(done) = state.done.take() else {
+            return;
+        };
         let result = match state.error.take() {
             Some(e) => Err(e),
             None if state.is_read => {
-                let mut pieces = state.pieces.iter_mut().map(|p| p.take().unwrap_or_default());
+                let mut pieces = state
+                    .pieces
+                    .iter_mut()
+                    .map(|p| p.take().unwrap_or_default());
                 let mut whole = pieces.next().unwrap_or_default();
                 for p in pieces {
                     whole.unsplit(p);
@@ -216,7 +221,10 @@ impl Conn {
             state.dead.get_or_insert_with(|| reason.to_string());
             state.pending.drain().map(|(_, p)| p).collect()
         };
-        self.outgoing.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.outgoing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let _ = self.socket.shutdown(Shutdown::Both);
         if !drained.is_empty() {
             tracing::warn!(peer = %self.peer, %reason, failed = drained.len(), "transfer connection lost");
@@ -422,7 +430,10 @@ impl TcpPeer {
 }
 
 fn spawn_conn(peer: Arc<str>, stream: TcpStream) -> Result<Arc<Conn>, TransferError> {
-    let clone = |s: &TcpStream| s.try_clone().map_err(|e| TransferError::io("cloning a socket", e));
+    let clone = |s: &TcpStream| {
+        s.try_clone()
+            .map_err(|e| TransferError::io("cloning a socket", e))
+    };
     let (tx, rx) = channel();
     let conn = Arc::new(Conn {
         peer,
@@ -501,7 +512,10 @@ impl Transport for TcpPeer {
             }),
         });
         let (mut read_buf, write_data) = match op {
-            Op::Read { into, .. } => (Some(into.unwrap_or_else(|| BytesMut::zeroed(len as usize))), None),
+            Op::Read { into, .. } => (
+                Some(into.unwrap_or_else(|| BytesMut::zeroed(len as usize))),
+                None,
+            ),
             Op::Write { data } => (None, Some(data)),
         };
         let name = target.name.as_bytes();
@@ -509,7 +523,11 @@ impl Transport for TcpPeer {
             let start = index as u64 * self.stripe;
             let piece_len = self.stripe.min(len - start);
             let header = RequestHeader {
-                kind: if write_data.is_some() { Kind::Write } else { Kind::Read },
+                kind: if write_data.is_some() {
+                    Kind::Write
+                } else {
+                    Kind::Read
+                },
                 name_len: name.len() as u16,
                 id: 0,
                 version: target.version,

@@ -37,8 +37,8 @@ impl TcpServer {
         addr: impl ToSocketAddrs,
         secret: ClusterSecret,
     ) -> Result<Self, TransferError> {
-        let listener =
-            TcpListener::bind(addr).map_err(|e| TransferError::io("binding the transfer listener", e))?;
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| TransferError::io("binding the transfer listener", e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| TransferError::io("reading the listener address", e))?;
@@ -73,7 +73,12 @@ impl Drop for TcpServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, node: Arc<NodeMemory>, secret: ClusterSecret, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: TcpListener,
+    node: Arc<NodeMemory>,
+    secret: ClusterSecret,
+    stop: Arc<AtomicBool>,
+) {
     for stream in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             break;
@@ -164,10 +169,10 @@ fn serve(stream: TcpStream, node: &NodeMemory, client: Arc<str>) -> io::Result<(
                 Err(e) => wr.write_all(&refusal(h.id, &e).encode())?,
             },
             Kind::Read => {
-                let admitted = node
-                    .segments
-                    .lookup(&me, &name)
-                    .and_then(|seg| seg.admit(&me, h.version, h.offset, h.len, false).map(|()| seg));
+                let admitted = node.segments.lookup(&me, &name).and_then(|seg| {
+                    seg.admit(&me, h.version, h.offset, h.len, false)
+                        .map(|()| seg)
+                });
                 match admitted {
                     Ok(seg) => {
                         wr.write_all(&ok(h.id, 0, 0, h.len).encode())?;
@@ -177,10 +182,10 @@ fn serve(stream: TcpStream, node: &NodeMemory, client: Arc<str>) -> io::Result<(
                 }
             }
             Kind::Write => {
-                let admitted = node
-                    .segments
-                    .lookup(&me, &name)
-                    .and_then(|seg| seg.admit(&me, h.version, h.offset, h.len, true).map(|()| seg));
+                let admitted = node.segments.lookup(&me, &name).and_then(|seg| {
+                    seg.admit(&me, h.version, h.offset, h.len, true)
+                        .map(|()| seg)
+                });
                 match admitted {
                     Ok(seg) => {
                         seg.with_range_mut(h.offset, h.len, |dst| rd.read_exact(dst))

@@ -56,7 +56,10 @@ impl RequestHeader {
             return Ok(None);
         }
         let kind = Kind::from_u8(b[0]).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("unknown request kind {}", b[0]))
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unknown request kind {}", b[0]),
+            )
         })?;
         Ok(Some(Self {
             kind,
@@ -171,7 +174,13 @@ mod tests {
         let bytes = h.encode(b"abc");
         assert_eq!(bytes.len(), REQUEST_HEADER + 3);
         assert_eq!(RequestHeader::read(&mut &bytes[..]).unwrap(), Some(h));
-        let r = ResponseHeader { id: 1, status: 3, a: 4, b: 5, len: 6 };
+        let r = ResponseHeader {
+            id: 1,
+            status: 3,
+            a: 4,
+            b: 5,
+            len: 6,
+        };
         assert_eq!(ResponseHeader::read(&mut &r.encode()[..]).unwrap(), Some(r));
         let mut bad = bytes.clone();
         bad[0] = 99;
