@@ -10,7 +10,7 @@
 //! [`RequestError::PeerLost`].
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
+use std::io::{self, BufReader, BufWriter, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel, sync_channel};
@@ -20,15 +20,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use super::auth::{self, ClusterSecret};
-use super::wire::{Kind, RequestHeader, ResponseHeader, Status};
+use super::wire::{Kind, RequestHeader, ResponseHeader, Status, read_direct, write_framed};
 use crate::error::{RequestError, TransferError};
 use crate::request::{Completer, Op, TransferRequest, Transferred};
 use crate::segment::SegmentInfo;
 use crate::transport::Transport;
 
 const BUFFER: usize = 256 * 1024;
-/// Payloads at least this large bypass the write buffer.
-const DIRECT_WRITE: usize = 64 * 1024;
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a peer connection is set up.
@@ -263,31 +261,9 @@ fn write_loop(conn: Arc<Conn>, rx: Receiver<Outgoing>, stream: TcpStream) {
 
 fn write_one(wr: &mut BufWriter<TcpStream>, msg: Outgoing) -> io::Result<()> {
     match msg.payload {
-        Some(payload) if payload.len() >= DIRECT_WRITE => {
-            wr.flush()?;
-            write_all_vectored(wr.get_mut(), &msg.frame, &payload)
-        }
-        Some(payload) => {
-            wr.write_all(&msg.frame)?;
-            wr.write_all(&payload)
-        }
+        Some(payload) => write_framed(wr, &msg.frame, &payload),
         None => wr.write_all(&msg.frame),
     }
-}
-
-/// Header and payload in one `writev`, looping over partial writes.
-fn write_all_vectored(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
-    let mut slices = [IoSlice::new(head), IoSlice::new(body)];
-    let mut slices: &mut [IoSlice<'_>] = &mut slices;
-    while !slices.is_empty() {
-        match stream.write_vectored(slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 fn read_loop(conn: Arc<Conn>, stream: TcpStream) {
@@ -337,7 +313,7 @@ fn complete(
                 request.finish(index, Err(conn.lost(&reason)));
                 return Err(reason);
             }
-            match rd.read_exact(&mut buf) {
+            match read_direct(rd, &mut buf) {
                 Ok(()) => {
                     request.finish(index, Ok(Some(buf)));
                     Ok(())

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use bytes::BytesMut;
 
 use super::auth::{self, ClusterSecret};
-use super::wire::{Kind, RequestHeader, ResponseHeader, Status};
+use super::wire::{Kind, RequestHeader, ResponseHeader, Status, read_direct, write_framed};
 use crate::engine::NodeMemory;
 use crate::error::{RequestError, TransferError};
 use crate::notify::{MAX_NOTIFICATION, Notification};
@@ -175,8 +175,10 @@ fn serve(stream: TcpStream, node: &NodeMemory, client: Arc<str>) -> io::Result<(
                 });
                 match admitted {
                     Ok(seg) => {
-                        wr.write_all(&ok(h.id, 0, 0, h.len).encode())?;
-                        seg.with_range(h.offset, h.len, |bytes| wr.write_all(bytes))?;
+                        let head = ok(h.id, 0, 0, h.len).encode();
+                        seg.with_range(h.offset, h.len, |bytes| {
+                            write_framed(&mut wr, &head, bytes)
+                        })?;
                     }
                     Err(e) => wr.write_all(&refusal(h.id, &e).encode())?,
                 }
@@ -188,7 +190,7 @@ fn serve(stream: TcpStream, node: &NodeMemory, client: Arc<str>) -> io::Result<(
                 });
                 match admitted {
                     Ok(seg) => {
-                        seg.with_range_mut(h.offset, h.len, |dst| rd.read_exact(dst))
+                        seg.with_range_mut(h.offset, h.len, |dst| read_direct(&mut rd, dst))
                             .unwrap_or(Ok(()))?;
                         wr.write_all(&ok(h.id, 0, 0, 0).encode())?;
                     }

@@ -2,7 +2,8 @@
 //! segment name (or notification topic), then the payload of a WRITE or a
 //! notification; a response is a header, then the bytes of a READ.
 
-use std::io::{self, Read};
+use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
+use std::net::TcpStream;
 
 pub const REQUEST_HEADER: usize = 35;
 pub const RESPONSE_HEADER: usize = 33;
@@ -133,6 +134,48 @@ impl ResponseHeader {
             b: u64_at(&b, 17),
             len: u64_at(&b, 25),
         }))
+    }
+}
+
+/// Payloads at least this large skip the userspace buffers both ways.
+pub const DIRECT: usize = 32 * 1024;
+
+/// Fills `dst` from what `rd` already buffered, then straight from the
+/// socket: a large payload lands in its destination without a staging copy.
+pub fn read_direct(rd: &mut BufReader<TcpStream>, dst: &mut [u8]) -> io::Result<()> {
+    if dst.len() < DIRECT {
+        return rd.read_exact(dst);
+    }
+    let buffered = rd.buffer().len().min(dst.len());
+    dst[..buffered].copy_from_slice(&rd.buffer()[..buffered]);
+    rd.consume(buffered);
+    rd.get_mut().read_exact(&mut dst[buffered..])
+}
+
+/// Header and payload in one `writev`, looping over partial writes.
+pub fn write_all_vectored(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let mut slices = [IoSlice::new(head), IoSlice::new(body)];
+    let mut slices: &mut [IoSlice<'_>] = &mut slices;
+    while !slices.is_empty() {
+        match stream.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes a header and payload: small ones through the buffer, large ones
+/// (after flushing it) in one vectored write from the payload's memory.
+pub fn write_framed(wr: &mut io::BufWriter<TcpStream>, head: &[u8], body: &[u8]) -> io::Result<()> {
+    if body.len() >= DIRECT {
+        wr.flush()?;
+        write_all_vectored(wr.get_mut(), head, body)
+    } else {
+        wr.write_all(head)?;
+        wr.write_all(body)
     }
 }
 
