@@ -149,7 +149,16 @@ impl TransferEngine {
 
     /// Looks a segment up on a peer; the handle carries the version it is at.
     pub fn open_segment(&self, peer: PeerId, name: &str) -> Result<SegmentRef, TransferError> {
-        let info = self.transport(peer)?.describe(name)?;
+        let transport = self.transport(peer)?;
+        if name.len() > MAX_SEGMENT_NAME {
+            // No peer registers such a name; asking would break the frame.
+            return Err(RequestError::UnknownSegment {
+                peer: transport.label().to_string(),
+                name: name.chars().take(64).collect(),
+            }
+            .into());
+        }
+        let info = transport.describe(name)?;
         Ok(SegmentRef {
             peer,
             name: info.name,

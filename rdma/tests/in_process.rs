@@ -173,3 +173,25 @@ fn batches_poll_per_request_and_complete_one_callback_each() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 32);
 }
+
+#[test]
+fn overlong_names_and_topics_are_refused_locally_and_the_link_survives() {
+    let (near, _far, id, _server) = pair(true);
+    let long = "n".repeat(300);
+    assert!(matches!(
+        near.open_segment(id, &long),
+        Err(gyre_rdma::TransferError::Request(
+            RequestError::UnknownSegment { .. }
+        ))
+    ));
+    assert!(matches!(
+        near.send_notification(id, &long, Bytes::new()),
+        Err(RequestError::TopicTooLong { len: 300, .. })
+    ));
+    assert!(matches!(
+        near.send_notification(id, "t", Bytes::from(vec![0; 65 * 1024])),
+        Err(RequestError::NotificationTooLarge { .. })
+    ));
+    let seg = near.open_segment(id, "frozen").unwrap();
+    assert!(near.transfer(vec![TransferRequest::read(&seg, 0, 1)])[0].is_ok());
+}
