@@ -310,6 +310,24 @@ impl TransferEngine {
         }
     }
 
+    /// Runs `requests` (writes, typically) and, only if every one succeeded,
+    /// notifies `peer`: the receiver sees the message after the bytes are in
+    /// its memory. Returns the completions, or the notification's failure.
+    pub fn transfer_then_notify(
+        &self,
+        requests: Vec<TransferRequest>,
+        peer: PeerId,
+        topic: &str,
+        payload: Bytes,
+    ) -> Result<Vec<Completion>, RequestError> {
+        let completions = self.transfer(requests);
+        if let Some(Err(e)) = completions.iter().find(|c| c.is_err()) {
+            return Err(e.clone());
+        }
+        self.send_notification(peer, topic, payload)?;
+        Ok(completions)
+    }
+
     /// Receives notifications sent to this node under `topic`.
     pub fn subscribe(&self, topic: &str) -> Receiver<Notification> {
         self.node.hub.subscribe(topic)

@@ -195,3 +195,42 @@ fn overlong_names_and_topics_are_refused_locally_and_the_link_survives() {
     let seg = near.open_segment(id, "frozen").unwrap();
     assert!(near.transfer(vec![TransferRequest::read(&seg, 0, 1)])[0].is_ok());
 }
+
+#[test]
+fn a_notification_follows_its_writes_and_a_failed_write_sends_none() {
+    for tcp in [false, true] {
+        let (near, far, id, _server) = pair(tcp);
+        let inbox = far.subscribe("done");
+        let frozen = near.open_segment(id, "frozen").unwrap();
+        let mutable = near.open_segment(id, "mutable").unwrap();
+        let refused = near.transfer_then_notify(
+            vec![TransferRequest::write(&frozen, 0, Bytes::from_static(b"x"))],
+            id,
+            "done",
+            Bytes::from_static(b"1"),
+        );
+        assert!(matches!(refused, Err(RequestError::ReadOnly { .. })));
+        let writes = (0..8u64)
+            .map(|i| {
+                TransferRequest::write(&mutable, i * 20_000, Bytes::from(vec![i as u8 + 1; 20_000]))
+            })
+            .collect();
+        near.transfer_then_notify(writes, id, "done", Bytes::from_static(b"2"))
+            .unwrap();
+        let note = inbox
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(
+            (&*note.from, &note.payload[..]),
+            ("near", &b"2"[..]),
+            "tcp={tcp}"
+        );
+        let seg = far.local_segment("mutable").unwrap();
+        assert!(seg.with_bytes(|b| (0..8).all(|i| {
+            b[i * 20_000..(i + 1) * 20_000]
+                .iter()
+                .all(|&x| x == i as u8 + 1)
+        })));
+        assert!(inbox.try_recv().is_err(), "the refused batch sent nothing");
+    }
+}

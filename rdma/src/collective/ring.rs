@@ -94,17 +94,12 @@ impl RingAllReduce {
                 .iter()
                 .flat_map(|v| v.to_le_bytes())
                 .collect();
-            let mut done = self.group.engine.transfer(vec![TransferRequest::write(
-                &right_inbox,
-                slot,
-                Bytes::from(out),
-            )]);
-            if let Some(Err(e)) = done.pop() {
-                return Err(e.into());
-            }
-            self.group
-                .engine
-                .send_notification(right, &topic, signal(call, s as u64))?;
+            self.group.engine.transfer_then_notify(
+                vec![TransferRequest::write(&right_inbox, slot, Bytes::from(out))],
+                right,
+                &topic,
+                signal(call, s as u64),
+            )?;
             self.wait_for(call, s as u64, &topic)?;
 
             let into = &mut values[range(recv)];
