@@ -205,7 +205,7 @@ fn a_peer_killed_mid_transfer_fails_exactly_its_requests() {
     let wb = engine.open_segment(b, "weights").unwrap();
 
     // Frozen, the doomed peer holds its requests in flight.
-    doomed.signal("-STOP");
+    doomed.freeze();
     let mut requests = Vec::new();
     for i in 0..8u64 {
         requests.push(TransferRequest::read(&wa, i * 1000, 200_000));

@@ -64,6 +64,30 @@ impl Peer {
             .expect("a line from the peer")
     }
 
+    /// Sends SIGSTOP and waits until the kernel reports the process stopped
+    /// (signal delivery is asynchronous).
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&stat).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            let state = text
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            if state == Some("T") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "peer did not stop: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     pub fn signal(&self, sig: &str) {
         let status = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
