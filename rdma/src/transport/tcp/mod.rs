@@ -8,10 +8,15 @@
 //! - `client`: several connections per peer; large requests are striped
 //!   across them, reads land straight in the destination buffer and writes
 //!   go out from the caller's `Bytes` without a copy.
+//! - `conn`: one connection's writer and reader threads and its pending
+//!   requests, failed together when it breaks.
+//! - `striped`: a request's stripes and their reassembly.
 
 mod auth;
 mod client;
+mod conn;
 mod server;
+mod striped;
 mod wire;
 
 pub use auth::ClusterSecret;
