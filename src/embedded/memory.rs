@@ -9,10 +9,9 @@
 //! still holding requests or pins, a trainer mid-accumulation) is answered
 //! `Refused` with its reason.
 
-use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
 use gyre_gpu::engine::MemTag;
-use gyre_runtime::{Actor, ActorId, Addr, Cx, IoError};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient};
 use serde::{Deserialize, Serialize};
 
 use crate::embedded::Front;
@@ -49,7 +48,7 @@ pub struct MemoryStats {
 struct Op {
     restore: bool,
     role: MemRole,
-    reply_to: Addr<Cell>,
+    reply_to: Recipient<MemoryEvent>,
 }
 
 impl From<MemoryReq> for Op {
@@ -171,13 +170,12 @@ impl Actor for MemoryWorker {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use gyre_actors::sched::cell::CellMsg;
     use gyre_gpu::engine::{Engine, EngineConfig, Request, SamplingParams};
     use gyre_gpu::memory::Tag;
     use gyre_gpu::model::{ModelConfig, ParamBuffer};
     use gyre_gpu::trainer::Trainer;
-    use gyre_runtime::NodeId;
     use gyre_runtime::sim::{Sim, SimConfig};
+    use gyre_runtime::{Addr, External, NodeId};
 
     use super::*;
 
@@ -186,7 +184,7 @@ mod tests {
     fn rig() -> (
         Sim,
         Addr<EmbeddedMemory>,
-        Addr<Cell>,
+        Addr<External<MemoryEvent>>,
         EngineHandle,
         TrainerHandle,
     ) {
@@ -201,19 +199,13 @@ mod tests {
             NodeId(1),
             EmbeddedMemory::new(MemoryWorker::new(engine.clone(), trainer.clone())),
         );
-        let cell = sim.probe::<CellMsg>(NodeId(1));
-        (sim, front, Addr::new(cell.id()), engine, trainer)
+        let cell = sim.probe::<MemoryEvent>(NodeId(1));
+        (sim, front, cell, engine, trainer)
     }
 
-    fn events(sim: &mut Sim, cell: Addr<Cell>) -> Vec<MemoryEvent> {
+    fn events(sim: &mut Sim, cell: Addr<External<MemoryEvent>>) -> Vec<MemoryEvent> {
         sim.run().unwrap();
-        sim.take_probe::<CellMsg>(Addr::new(cell.id()))
-            .into_iter()
-            .filter_map(|r| match r.msg {
-                CellMsg::Memory(e) => Some(e),
-                _ => None,
-            })
-            .collect()
+        sim.take_probe(cell).into_iter().map(|r| r.msg).collect()
     }
 
     fn resident(report: &gyre_gpu::memory::MemoryReport, tag: Tag) -> u64 {
@@ -227,11 +219,11 @@ mod tests {
         assert!(resident(&before, Tag::KvCache) > 0);
         let release = |role| MemoryReq::Release {
             role,
-            reply_to: cell,
+            reply_to: cell.into(),
         };
         let restore = |role| MemoryReq::Restore {
             role,
-            reply_to: cell,
+            reply_to: cell.into(),
         };
         sim.inject(TESTER, mem, release(MemRole::Rollout));
         sim.inject(TESTER, mem, restore(MemRole::Training));
@@ -287,7 +279,7 @@ mod tests {
             mem,
             MemoryReq::Release {
                 role: MemRole::Rollout,
-                reply_to: cell,
+                reply_to: cell.into(),
             },
         );
         let got = events(&mut sim, cell);

@@ -487,7 +487,7 @@ mod tests {
     use gyre_gpu::model::{ModelConfig, ParamBuffer};
     use gyre_gpu::trainer::OptimConfig;
     use gyre_runtime::sim::{Sim, SimConfig};
-    use gyre_runtime::{Addr, BlobId, BlobStore, MemBlobs, NodeId, put_encoded};
+    use gyre_runtime::{BlobId, BlobStore, MemBlobs, NodeId, put_encoded};
 
     use super::*;
 
@@ -539,9 +539,9 @@ mod tests {
                 ObjectiveConfig::default(),
             )),
         );
-        let cell_probe = sim.probe::<CellMsg>(NodeId(2));
-        let core_probe = sim.probe::<CoreMsg>(NodeId(2));
-        let (cell, core) = (Addr::new(cell_probe.id()), Addr::new(core_probe.id()));
+        let cell_probe = sim.probe::<TrainerEvent>(NodeId(2));
+        let core_probe = sim.probe::<TrainerEvent>(NodeId(2));
+        let (cell, core) = (cell_probe.into(), core_probe.into());
         // On-policy behaviour log-probs, so the sequence clip keeps the
         // execution (an arbitrary behaviour policy may clip it to zero).
         let mut payload = rows();
@@ -606,7 +606,7 @@ mod tests {
         let to_cell: Vec<_> = sim
             .take_probe(cell_probe)
             .into_iter()
-            .map(|r| r.msg)
+            .map(|r| CellMsg::from(r.msg))
             .collect();
         let computed: Vec<_> = to_cell
             .iter()
@@ -627,7 +627,7 @@ mod tests {
         let to_core: Vec<_> = sim
             .take_probe(core_probe)
             .into_iter()
-            .map(|r| r.msg)
+            .map(|r| CoreMsg::from(r.msg))
             .collect();
         assert!(
             matches!(

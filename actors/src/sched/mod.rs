@@ -5,6 +5,8 @@
 //! deterministic simulator and the live host. The pieces:
 //! - [`maths`]: the decision rules as pure functions (ledger (1), counters,
 //!   dispatch, watermark (2), supply check, burst end (3), prefix, staleness).
+//! - [`msg`]: every actor's message enum, addressed by message type
+//!   (`Recipient`), so messages import no actor.
 //! - [`proto`]: every backend an actor talks to (inference engine, trainer,
 //!   device memory, transfer engine, harness, evaluator) as its own small
 //!   protocol; simulated and live implementations answer the same messages.
@@ -20,6 +22,7 @@ pub mod evaluator;
 pub mod execution;
 pub mod ids;
 pub mod maths;
+pub mod msg;
 pub mod packer;
 pub mod proto;
 pub mod proxy;

@@ -16,13 +16,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
 use gyre_actors::sched::proto::payload::Prompt;
-use gyre_actors::sched::proxy::Proxy;
 use gyre_gpu::engine::{Engine, PinId, ReqId};
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, IoError, Nanos, get_decoded, put_encoded};
+use gyre_runtime::{
+    Actor, ActorId, BlobId, Cx, IoError, Nanos, Recipient, get_decoded, put_encoded,
+};
 use serde::{Deserialize, Serialize};
 
 use super::EngineStats;
@@ -51,7 +51,7 @@ impl From<EngineReq> for EngineWorkerMsg {
 /// An accepted call attempt.
 #[derive(Debug)]
 struct Live {
-    reply_to: Addr<Proxy>,
+    reply_to: Recipient<CallEvent>,
     prompt: Prompt,
     start_ns: Nanos,
     /// Its engine request, once submitted.
@@ -62,20 +62,20 @@ struct Live {
 enum Control {
     Pin {
         execs: Vec<ExecId>,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     Cancel {
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     ReleaseKv {
         execs: Vec<ExecId>,
     },
     Unload {
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     Load {
         version: Version,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     SetWeights {
         version: Version,
@@ -186,7 +186,7 @@ impl EngineWorker {
         &mut self,
         key: CallKey,
         prompt: BlobId,
-        reply_to: Addr<Proxy>,
+        reply_to: Recipient<CallEvent>,
         cx: &mut Cx<'_, Self>,
     ) {
         if !self.is_serving() {
