@@ -26,15 +26,17 @@ use gyre_gpu::engine::{Engine, EngineConfig, EngineError};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{ObjectiveConfig, OptimConfig, TrainerError};
 use gyre_runtime::sim::{IoModel, Latency, LinkModel, Sim, SimConfig};
-use gyre_runtime::{Actor, Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, NodeId, SECS};
+use gyre_runtime::{
+    Actor, Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, NodeId, Recipient, SECS,
+};
 use serde::{Deserialize, Serialize};
 
-use super::engine::{EmbeddedEngine, EngineWorker};
-use super::memory::{EmbeddedMemory, MemoryWorker};
+use super::engine::EngineWorker;
+use super::memory::MemoryWorker;
 use super::shared::{EngineHandle, Shared, TrainerHandle, lock};
 use super::task::{EvaluatorWorker, HarnessWorker, TaskConfig, TaskConfigError, Workspaces};
-use super::trainer::{EmbeddedTrainer, TrainerWorker, trainer_handle};
-use super::transfer::{EmbeddedTransfer, TransferWorker};
+use super::trainer::{TrainerWorker, trainer_handle};
+use super::transfer::TransferWorker;
 
 /// Modelled device time of each kind of work, in the simulator's virtual
 /// clock (the work itself is real; only its duration is modelled).
@@ -218,11 +220,11 @@ build_error_from!(
 /// The backends of a built cluster, for reading their state.
 #[derive(Debug, Clone)]
 pub struct EmbeddedAddrs {
-    pub engines: Vec<Addr<EmbeddedEngine>>,
-    pub pool: Option<Addr<EmbeddedEngine>>,
-    pub trainers: Vec<Addr<EmbeddedTrainer>>,
-    pub memories: Vec<Addr<EmbeddedMemory>>,
-    pub transfer: Addr<EmbeddedTransfer>,
+    pub engines: Vec<Addr<EngineWorker>>,
+    pub pool: Option<Addr<EngineWorker>>,
+    pub trainers: Vec<Addr<TrainerWorker>>,
+    pub memories: Vec<Addr<MemoryWorker>>,
+    pub transfer: Addr<TransferWorker>,
     pub harness: Addr<HarnessWorker>,
     pub evaluator: Addr<EvaluatorWorker>,
     /// Each cell's engine and trainer (memory reports, weights).
@@ -327,11 +329,11 @@ pub fn assemble<H: Host>(host: &mut H, cfg: &EmbeddedConfig) -> Result<Assembled
             shared.clone(),
             engine_seed(u64::from(c)),
         );
-        engines.push(sim.spawn(node, EmbeddedEngine::new(worker)));
+        engines.push(sim.spawn(node, worker));
         let tw = TrainerWorker::new(c, th.clone(), shared.clone(), cfg.objective);
-        trainers.push(sim.spawn(node, EmbeddedTrainer::new(tw)));
+        trainers.push(sim.spawn(node, tw));
         let mw = MemoryWorker::new(eh.clone(), th.clone());
-        memories.push(sim.spawn(node, EmbeddedMemory::new(mw)));
+        memories.push(sim.spawn(node, mw));
         engine_handles.push(eh);
         trainer_handles.push(th);
     }
@@ -340,13 +342,10 @@ pub fn assemble<H: Host>(host: &mut H, cfg: &EmbeddedConfig) -> Result<Assembled
         slots => {
             let eh = engine(slots)?;
             let worker = EngineWorker::new(EngineIx::Pool, eh, shared.clone(), engine_seed(0xffff));
-            Some(sim.spawn(NodeId(5), EmbeddedEngine::new(worker)))
+            Some(sim.spawn(NodeId(5), worker))
         }
     };
-    let transfer = sim.spawn(
-        NodeId(2),
-        EmbeddedTransfer::new(TransferWorker::new(shared.clone())),
-    );
+    let transfer = sim.spawn(NodeId(2), TransferWorker::new(shared.clone()));
     let workspaces = Arc::new(Workspaces::new());
     let task_seed = gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c);
     let harness = sim.spawn(
@@ -369,11 +368,11 @@ pub fn assemble<H: Host>(host: &mut H, cfg: &EmbeddedConfig) -> Result<Assembled
         trainer_handles,
     };
     let ports = Backends {
-        engines: a.engines.iter().map(|x| port(*x)).collect(),
-        pool_engine: a.pool.map(port),
-        trainers: a.trainers.iter().map(|x| port(*x)).collect(),
-        memories: a.memories.iter().map(|x| port(*x)).collect(),
-        transfer: port(a.transfer),
+        engines: a.engines.iter().map(|x| Recipient::of(*x)).collect(),
+        pool_engine: a.pool.map(Recipient::of),
+        trainers: a.trainers.iter().map(|x| Recipient::of(*x)).collect(),
+        memories: a.memories.iter().map(|x| Recipient::of(*x)).collect(),
+        transfer: Recipient::of(a.transfer),
         harness: port(a.harness),
         evaluator: port(a.evaluator),
         kv_bytes_per_token: kv_bytes_per_token(&cfg.model),

@@ -14,12 +14,8 @@ use gyre_gpu::engine::MemTag;
 use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient};
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::Front;
 use crate::embedded::shared::{EngineHandle, TrainerHandle, lock};
 use crate::embedded::work::{Serial, Work};
-
-/// What a cell addresses as its device-memory manager.
-pub type EmbeddedMemory = Front<MemoryReq, MemoryWorker>;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum MemoryWorkerMsg {
@@ -127,6 +123,7 @@ impl MemoryWorker {
 impl Actor for MemoryWorker {
     type Msg = MemoryWorkerMsg;
     type Timer = ();
+    gyre_runtime::accepts!(MemoryReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: MemoryWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -183,7 +180,7 @@ mod tests {
 
     fn rig() -> (
         Sim,
-        Addr<EmbeddedMemory>,
+        Addr<MemoryWorker>,
         Addr<External<MemoryEvent>>,
         EngineHandle,
         TrainerHandle,
@@ -195,12 +192,12 @@ mod tests {
         ));
         let trainer = Arc::new(Mutex::new(Trainer::new(&m, &p).unwrap()));
         let mut sim = Sim::new(SimConfig::new(5));
-        let front = sim.spawn(
+        let mem = sim.spawn(
             NodeId(1),
-            EmbeddedMemory::new(MemoryWorker::new(engine.clone(), trainer.clone())),
+            MemoryWorker::new(engine.clone(), trainer.clone()),
         );
         let cell = sim.probe::<MemoryEvent>(NodeId(1));
-        (sim, front, cell, engine, trainer)
+        (sim, mem, cell, engine, trainer)
     }
 
     fn events(sim: &mut Sim, cell: Addr<External<MemoryEvent>>) -> Vec<MemoryEvent> {
@@ -254,12 +251,7 @@ mod tests {
         assert_eq!(r.resident, before.resident);
         assert!(lock(&engine).health().serving);
 
-        let w = sim
-            .actor(mem)
-            .and_then(|f| f.worker())
-            .and_then(|a| sim.actor(a))
-            .unwrap()
-            .stats();
+        let w = sim.actor(mem).unwrap().stats();
         assert_eq!((w.releases, w.restores, w.refusals), (2, 2, 0));
         assert_eq!(w.rollout_bytes_released, before.resident);
         assert!(w.training_bytes_released > 0);

@@ -32,12 +32,8 @@ use gyre_gpu::trainer::{
 use gyre_runtime::{Actor, ActorId, Cx, IoError, get_decoded};
 use serde::{Deserialize, Serialize};
 
-use super::front::Front;
 use super::shared::{Shared, TrainerHandle, lock};
 use super::work::{Serial, Work};
-
-/// The trainer backend of one cell, addressed by the trainer protocol.
-pub type EmbeddedTrainer = Front<TrainerReq, TrainerWorker>;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum TrainerWorkerMsg {
@@ -446,6 +442,7 @@ pub fn to_trainer_input(p: MicroStepRows) -> (Vec<TrainRow>, MicroStep) {
 impl Actor for TrainerWorker {
     type Msg = TrainerWorkerMsg;
     type Timer = ();
+    gyre_runtime::accepts!(TrainerReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -530,14 +527,9 @@ mod tests {
         };
         let th = trainer_handle(&shared, &params, Some(optim)).unwrap();
         let mut sim = Sim::new(SimConfig::new(1));
-        let front = sim.spawn(
+        let tw = sim.spawn(
             NodeId(1),
-            EmbeddedTrainer::new(TrainerWorker::new(
-                0,
-                th.clone(),
-                shared.clone(),
-                ObjectiveConfig::default(),
-            )),
+            TrainerWorker::new(0, th.clone(), shared.clone(), ObjectiveConfig::default()),
         );
         let cell_probe = sim.probe::<TrainerEvent>(NodeId(2));
         let core_probe = sim.probe::<TrainerEvent>(NodeId(2));
@@ -600,7 +592,7 @@ mod tests {
             },
         ];
         for r in reqs {
-            sim.inject(cell_probe.id(), front, r);
+            sim.inject(cell_probe.id(), tw, r);
         }
         sim.run().unwrap();
         let to_cell: Vec<_> = sim
@@ -639,11 +631,7 @@ mod tests {
             ),
             "{to_core:?}"
         );
-        let worker = sim
-            .actor(front)
-            .and_then(|f| f.worker())
-            .and_then(|w| sim.actor(w))
-            .unwrap();
+        let worker = sim.actor(tw).unwrap();
         let st = worker.stats();
         assert_eq!(
             (st.micro_steps, st.failed_micro_steps, st.errors),

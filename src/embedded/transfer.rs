@@ -19,12 +19,8 @@ use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, Trans
 use gyre_runtime::{Actor, ActorId, Cx, IoError, MILLIS, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::Front;
 use crate::embedded::shared::{Shared, WeightBoard};
 use crate::embedded::work::{Serial, Work};
-
-/// What the scheduling plane addresses as its transfer engine.
-pub type EmbeddedTransfer = Front<TransferReq, TransferWorker>;
 
 /// How often a publication re-checks the board, and for how long.
 const PUBLISH_RETRY: Nanos = 5 * MILLIS;
@@ -208,6 +204,7 @@ impl TransferWorker {
 impl Actor for TransferWorker {
     type Msg = TransferWorkerMsg;
     type Timer = u64;
+    gyre_runtime::accepts!(TransferReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: TransferWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -252,7 +249,7 @@ mod tests {
 
     struct Rig {
         sim: Sim,
-        tx: Addr<EmbeddedTransfer>,
+        tx: Addr<TransferWorker>,
         cell: Addr<External<TransferEvent>>,
         core: Addr<External<TransferEvent>>,
         shared: Shared,
@@ -261,10 +258,7 @@ mod tests {
     fn rig() -> Rig {
         let shared = Shared::new(ModelConfig::tiny(), MemBlobs::shared());
         let mut sim = Sim::new(SimConfig::new(3));
-        let tx = sim.spawn(
-            NodeId(1),
-            EmbeddedTransfer::new(TransferWorker::new(shared.clone())),
-        );
+        let tx = sim.spawn(NodeId(1), TransferWorker::new(shared.clone()));
         let cell = sim.probe::<TransferEvent>(NodeId(2));
         let core = sim.probe::<TransferEvent>(NodeId(3));
         Rig {
@@ -278,8 +272,7 @@ mod tests {
 
     impl Rig {
         fn stats(&self) -> TransferStats {
-            let w = self.sim.actor(self.tx).and_then(|f| f.worker()).unwrap();
-            self.sim.actor(w).unwrap().stats()
+            self.sim.actor(self.tx).unwrap().stats()
         }
 
         fn cell_events(&mut self) -> Vec<TransferEvent> {

@@ -17,7 +17,7 @@ use gyre_runtime::{
 };
 
 use super::record::{call_seed, request};
-use super::{EmbeddedEngine, EngineStats, EngineWorker};
+use super::{EngineStats, EngineWorker};
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 
 const TESTER: ActorId = ActorId::new(9, 1);
@@ -61,22 +61,21 @@ impl Rig {
         }
     }
 
-    fn engine(&mut self, ix: EngineIx) -> (Addr<EmbeddedEngine>, EngineHandle) {
+    fn engine(&mut self, ix: EngineIx) -> (Addr<EngineWorker>, EngineHandle) {
         let handle: EngineHandle = Arc::new(Mutex::new(new_engine()));
         let w = EngineWorker::new(ix, handle.clone(), self.shared.clone(), SEED);
-        (self.sim.spawn(NodeId(1), EmbeddedEngine::new(w)), handle)
+        (self.sim.spawn(NodeId(1), w), handle)
     }
 
-    fn worker(&self, front: Addr<EmbeddedEngine>) -> &EngineWorker {
-        let w = self.sim.actor(front).and_then(|f| f.worker()).unwrap();
-        self.sim.actor(w).unwrap()
+    fn worker(&self, engine: Addr<EngineWorker>) -> &EngineWorker {
+        self.sim.actor(engine).unwrap()
     }
 
-    fn stats(&self, front: Addr<EmbeddedEngine>) -> EngineStats {
-        self.worker(front).stats()
+    fn stats(&self, engine: Addr<EngineWorker>) -> EngineStats {
+        self.worker(engine).stats()
     }
 
-    fn serve(&mut self, to: Addr<EmbeddedEngine>, call: CallId, attempt: u32, prompt: BlobId) {
+    fn serve(&mut self, to: Addr<EngineWorker>, call: CallId, attempt: u32, prompt: BlobId) {
         let req = EngineReq::Serve {
             call,
             attempt,
@@ -87,7 +86,7 @@ impl Rig {
         self.sim.inject(TESTER, to, req);
     }
 
-    fn send(&mut self, to: Addr<EmbeddedEngine>, req: EngineReq) {
+    fn send(&mut self, to: Addr<EngineWorker>, req: EngineReq) {
         self.sim.inject(TESTER, to, req);
     }
 

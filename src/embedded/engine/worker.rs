@@ -690,6 +690,7 @@ fn empty_prompt() -> Prompt {
 impl Actor for EngineWorker {
     type Msg = EngineWorkerMsg;
     type Timer = ();
+    gyre_runtime::accepts!(EngineReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: EngineWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
