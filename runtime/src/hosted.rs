@@ -95,6 +95,8 @@ pub trait IdAlloc {
 /// Outside work with its result mapping, type erased.
 pub trait ErasedIo: Send {
     fn kind(&self) -> &'static str;
+    /// See [`IoRequest::payload_bytes`].
+    fn payload_bytes(&self) -> Option<u64>;
     /// Runs the request and maps its result into the issuer's message.
     fn complete(self: Box<Self>) -> BoxMsg;
     /// Maps a failure the host decided on (fault injection, shutdown).
@@ -114,6 +116,9 @@ where
 {
     fn kind(&self) -> &'static str {
         self.req.kind()
+    }
+    fn payload_bytes(&self) -> Option<u64> {
+        self.req.payload_bytes()
     }
     fn complete(self: Box<Self>) -> BoxMsg {
         let IoOp { req, map } = *self;

@@ -11,12 +11,13 @@
 //! every attempt (the harness owns it), and an answer's record handle goes to
 //! the execution. The record of an answer nobody waits for any more (a
 //! cancelled attempt that finished anyway, a closed execution) would have no
-//! owner, so the proxy releases it when it was given the store.
+//! owner, so the proxy releases it (a `PayloadRelease` effect) when it was
+//! given the store.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, Recipient};
+use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, PayloadRelease, Recipient};
 
 use crate::sched::execution::ExecMsg;
 use crate::sched::ids::{CallId, EngineIx, ExecId};
@@ -246,7 +247,8 @@ impl Actor for Proxy {
             }) => {
                 if self.calls.get(&call).is_none_or(|p| p.attempt != attempt) {
                     if let Some(store) = self.blobs.as_ref().filter(|_| output.is_some()) {
-                        store.release(output);
+                        let release = PayloadRelease::new(store.clone(), output);
+                        cx.io(release, |_| ProxyMsg::Released);
                     }
                     return;
                 }
@@ -267,6 +269,7 @@ impl Actor for Proxy {
             | ProxyMsg::Engine(CallEvent::Rejected { call, attempt }) => {
                 self.not_served(call, attempt, cx)
             }
+            ProxyMsg::Released => {}
         }
     }
 }

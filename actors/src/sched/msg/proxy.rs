@@ -35,6 +35,9 @@ pub enum ProxyMsg {
         reply_to: Recipient<ExecMsg>,
     },
     Engine(CallEvent),
+    /// The record of a stale attempt was freed (the release is an effect,
+    /// and this its completion); nothing follows from it.
+    Released,
 }
 
 impl From<CallEvent> for ProxyMsg {
