@@ -13,6 +13,8 @@
 //! - the actors: [`scheduler`], [`cell`], [`proxy`], [`execution`],
 //!   [`evaluator`], [`buffer`], [`packer`], [`queue`] and [`core`];
 //!   [`samples`] is where the packer's rows come from.
+//! - [`plan`]: one cluster plan (cells, pool, node placement) that every
+//!   world fills with its own backends.
 
 pub mod buffer;
 pub mod cell;
@@ -24,6 +26,7 @@ pub mod ids;
 pub mod maths;
 pub mod msg;
 pub mod packer;
+pub mod plan;
 pub mod proto;
 pub mod proxy;
 pub mod queue;
