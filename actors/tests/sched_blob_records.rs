@@ -26,7 +26,7 @@ use gyre_actors::trajectory::synth::{self, SynthConfig};
 use gyre_actors::trajectory::{TitoRecord, TreeConfig};
 use gyre_runtime::sim::{Sim, SimConfig};
 use gyre_runtime::{
-    ActorId, Addr, BlobId, BlobStore, External, MemBlobs, Message, NodeId as Node, SECS,
+    ActorId, Addr, BlobId, BlobStore, External, MemBlobs, Message, NodeId as Node, Recipient, SECS,
     get_decoded, put_encoded,
 };
 
@@ -126,7 +126,7 @@ fn run(delivery: Delivery) -> Outcome {
             .with_blobs(dyn_store.clone()),
     };
     let packer = sim.spawn(Node(0), packer);
-    let evaluator = sim.spawn(Node(0), Evaluator::new(backend, buffer, SECS));
+    let evaluator = sim.spawn(Node(0), Evaluator::new(backend.into(), buffer, SECS));
 
     let mut records_put = 0;
     for exec in 0..u64::from(B) * N {
@@ -202,7 +202,7 @@ fn run(delivery: Delivery) -> Outcome {
         let claim = QueueMsg::Claim {
             step: 0,
             cell: 0,
-            reply_to: as_actor(cell),
+            reply_to: cell.into(),
         };
         sim.inject(TESTER, queue, claim);
         let mstep = match got(&mut sim, cell).pop() {
@@ -294,8 +294,8 @@ fn a_bad_record_handle_costs_only_its_own_execution() {
     assert_eq!(bad.live_after_training, 0);
 }
 
-fn port<M>(n: u32) -> Addr<External<M>> {
-    Addr::new(ActorId::new(50, u64::from(n)))
+fn port<M: Message>(n: u32) -> Recipient<M> {
+    Addr::<External<M>>::new(ActorId::new(50, u64::from(n))).into()
 }
 
 fn backends(blobs: Option<Arc<dyn BlobStore>>) -> Backends {
@@ -343,7 +343,7 @@ fn an_execution_threads_prompt_and_record_handles_in_answer_order() {
         sched: as_actor(sched),
         proxy: as_actor(proxy),
         evaluator: as_actor(eval),
-        harness,
+        harness: harness.into(),
     };
     let exec = ExecId(6);
     let e = sim.spawn(Node(0), Execution::new(exec, GroupId(1), 0, links, HOUR));
@@ -423,7 +423,8 @@ fn the_proxy_releases_records_nobody_waits_for() {
     let engine = sim.probe::<EngineReq>(Node(1));
     let exec_probe = sim.probe::<ExecMsg>(Node(2));
     let store = MemBlobs::shared();
-    let proxy = Proxy::new(BTreeMap::from([(EngineIx::Cell(0), engine)])).with_blobs(store.clone());
+    let proxy =
+        Proxy::new(BTreeMap::from([(EngineIx::Cell(0), engine.into())])).with_blobs(store.clone());
     let proxy = sim.spawn(Node(0), proxy);
     let exec = ExecId(1);
     let call = CallId { exec, seq: 0 };
@@ -443,7 +444,7 @@ fn the_proxy_releases_records_nobody_waits_for() {
             call,
             prompt_tokens: 4,
             prompt: BlobId(900),
-            reply_to: as_actor(exec_probe),
+            reply_to: exec_probe.into(),
         },
     );
     assert_eq!(got(&mut sim, engine).len(), 1);

@@ -101,7 +101,7 @@ impl Rig {
             )
             .with_source(Box::new(source)),
         );
-        let evaluator = sim.spawn(Node(0), Evaluator::new(backend, buffer, SECS));
+        let evaluator = sim.spawn(Node(0), Evaluator::new(backend.into(), buffer, SECS));
         Rig {
             sim,
             buffer,
@@ -177,7 +177,7 @@ impl Rig {
             let claim = QueueMsg::Claim {
                 step: 0,
                 cell: 0,
-                reply_to: as_actor(self.cell),
+                reply_to: self.cell.into(),
             };
             self.sim.inject(TESTER, self.queue, claim);
             match got(&mut self.sim, self.cell).pop() {

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cx::Cx;
 use crate::id::{ActorId, NodeId};
+use crate::recipient::Accept;
 
 /// What may travel between actors: serialisable (for the wire and the
 /// simulator's round-trip check), debuggable (for traces), sendable.
@@ -33,6 +34,12 @@ pub trait Actor: Send + Sized + 'static {
 
     /// A node this actor watches (see [`Cx::watch_node`]) lost its connection.
     fn on_peer_down(&mut self, _node: NodeId, _cx: &mut Cx<'_, Self>) {}
+
+    /// The protocol messages besides `Self::Msg` that reach this actor
+    /// through a [`crate::Recipient`]; written with [`crate::accepts!`].
+    fn accepts() -> &'static [Accept<Self::Msg>] {
+        &[]
+    }
 }
 
 /// The type of an address outside Gyre's actors (an actix actor, a test

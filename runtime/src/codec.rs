@@ -28,6 +28,10 @@ pub enum CodecError {
     },
     #[error("decode {ty}: {trailing} trailing bytes after a complete value")]
     Trailing { ty: &'static str, trailing: usize },
+    /// A tagged message (sent through a `Recipient`) whose type the
+    /// receiver does not accept.
+    #[error("{ty} accepts no message with key {key:#018x}")]
+    NotAccepted { ty: &'static str, key: u64 },
 }
 
 /// Turns values into bytes and back; one implementation per wire format.

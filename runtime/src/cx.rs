@@ -6,9 +6,11 @@
 //! current time and its own random stream.
 
 use crate::actor::Actor;
+use crate::actor::Message;
 use crate::hosted::{Effect, IdAlloc, hosted, io_op};
 use crate::id::{ActorId, Addr, NodeId};
 use crate::io::{IoError, IoRequest};
+use crate::recipient::{Recipient, Target};
 use crate::rng::ActorRng;
 use crate::time::{Clock, Nanos};
 use crate::timers::TimerTable;
@@ -49,6 +51,15 @@ impl<'a, A: Actor> Cx<'a, A> {
         Addr::new(self.me)
     }
 
+    /// This actor as a [`Recipient`] of `M`, for reply fields: its message
+    /// type converts from `M` (and lists it in [`crate::accepts!`]).
+    pub fn recipient<M: Message>(&self) -> Recipient<M>
+    where
+        A::Msg: From<M>,
+    {
+        Recipient::of(self.me())
+    }
+
     pub fn id(&self) -> ActorId {
         self.me
     }
@@ -65,11 +76,12 @@ impl<'a, A: Actor> Cx<'a, A> {
 
     /// Sends `msg` to `to`. Delivery is asynchronous and, across nodes,
     /// at most once: protocols that need more retry with timers.
-    pub fn send<B: Actor>(&mut self, to: Addr<B>, msg: impl Into<B::Msg>) {
-        let msg: B::Msg = msg.into();
+    /// `to` is a typed [`Addr`] or a [`crate::Recipient`] (any actor that
+    /// accepts the message).
+    pub fn send<T: Target>(&mut self, to: T, msg: impl Into<T::Msg>) {
         self.effects.push(Effect::Send {
-            to: to.id(),
-            msg: Box::new(msg),
+            to: to.to(),
+            msg: to.wrap(msg.into()),
         });
     }
 

@@ -14,6 +14,7 @@ use crate::cx::Cx;
 use crate::error::RuntimeError;
 use crate::id::{ActorId, NodeId};
 use crate::io::{IoError, IoRequest};
+use crate::recipient::{AnyMsg, message_key};
 use crate::rng::{ActorRng, actor_rng};
 use crate::time::{Clock, Nanos};
 use crate::timers::TimerTable;
@@ -23,6 +24,12 @@ pub trait ErasedMsg: Send + Debug + 'static {
     fn encode(&self) -> Result<Vec<u8>, CodecError>;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
     fn type_name(&self) -> &'static str;
+    /// The [`crate::recipient::message_key`] of a message that the receiver's
+    /// host converts into its type (see [`crate::Recipient`]); `None` for a
+    /// message already of the receiver's type.
+    fn tag(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<M: Message> ErasedMsg for M {
@@ -39,16 +46,44 @@ impl<M: Message> ErasedMsg for M {
 
 pub type BoxMsg = Box<dyn ErasedMsg>;
 
-/// Decodes wire bytes into the message type of one actor.
-pub type Decoder = fn(&[u8]) -> Result<BoxMsg, CodecError>;
+/// Decodes wire bytes for one actor: its own message type when untagged,
+/// or the accepted protocol message a tag names.
+pub type Decoder = fn(Option<u64>, &[u8]) -> Result<BoxMsg, CodecError>;
 
-fn decode_as<M: Message>(bytes: &[u8]) -> Result<BoxMsg, CodecError> {
-    Ok(Box::new(Bincode::decode::<M>(bytes)?))
+fn decode_for<A: Actor>(tag: Option<u64>, bytes: &[u8]) -> Result<BoxMsg, CodecError> {
+    match tag {
+        None => Ok(Box::new(Bincode::decode::<A::Msg>(bytes)?)),
+        Some(key) if key == message_key::<A::Msg>() => {
+            Ok(Box::new(Bincode::decode::<A::Msg>(bytes)?))
+        }
+        Some(key) => match A::accepts().iter().find(|a| (a.key)() == key) {
+            Some(accept) => (accept.decode)(bytes),
+            None => Err(CodecError::NotAccepted {
+                ty: std::any::type_name::<A::Msg>(),
+                key,
+            }),
+        },
+    }
 }
 
 /// The decoder for messages addressed to actors of type `A`.
 pub fn decoder_of<A: Actor>() -> Decoder {
-    decode_as::<A::Msg>
+    decode_for::<A>
+}
+
+/// `msg` as `A`'s message: as it is, or converted through `A`'s table.
+fn accept<A: Actor>(msg: AnyMsg) -> Result<A::Msg, AnyMsg> {
+    let mut msg = match msg.downcast::<A::Msg>() {
+        Ok(own) => return Ok(*own),
+        Err(other) => other,
+    };
+    for entry in A::accepts() {
+        msg = match (entry.convert)(msg) {
+            Ok(converted) => return Ok(converted),
+            Err(other) => other,
+        };
+    }
+    Err(msg)
 }
 
 /// Hands out actor ids on a node; hosts implement it with a plain counter
@@ -60,6 +95,8 @@ pub trait IdAlloc {
 /// Outside work with its result mapping, type erased.
 pub trait ErasedIo: Send {
     fn kind(&self) -> &'static str;
+    /// See [`IoRequest::payload_bytes`].
+    fn payload_bytes(&self) -> Option<u64>;
     /// Runs the request and maps its result into the issuer's message.
     fn complete(self: Box<Self>) -> BoxMsg;
     /// Maps a failure the host decided on (fault injection, shutdown).
@@ -79,6 +116,9 @@ where
 {
     fn kind(&self) -> &'static str {
         self.req.kind()
+    }
+    fn payload_bytes(&self) -> Option<u64> {
+        self.req.payload_bytes()
     }
     fn complete(self: Box<Self>) -> BoxMsg {
         let IoOp { req, map } = *self;
@@ -226,16 +266,13 @@ impl<A: Actor> DynActor for Hosted<A> {
         env: &mut Env<'_>,
     ) -> Result<(), RuntimeError> {
         let got = msg.type_name();
-        let msg =
-            msg.into_any()
-                .downcast::<A::Msg>()
-                .map_err(|_| RuntimeError::WrongMessageType {
-                    to: self.id,
-                    expected: std::any::type_name::<A::Msg>(),
-                    got,
-                })?;
+        let msg = accept::<A>(msg.into_any()).map_err(|_| RuntimeError::WrongMessageType {
+            to: self.id,
+            expected: std::any::type_name::<A::Msg>(),
+            got,
+        })?;
         let (actor, mut cx) = self.cx(env);
-        actor.on_msg(from, *msg, &mut cx);
+        actor.on_msg(from, msg, &mut cx);
         Ok(())
     }
 

@@ -27,4 +27,10 @@ pub trait IoRequest: Send + 'static {
     /// Does the work. The live host calls this on a blocking worker; the
     /// simulator calls it inline, so it must be deterministic to be replayable.
     fn run(self) -> Result<Self::Output, IoError>;
+
+    /// `Some(bytes)` for a payload transfer (see [`crate::payload`]), which
+    /// the simulator costs with its payload model instead of the I/O model.
+    fn payload_bytes(&self) -> Option<u64> {
+        None
+    }
 }

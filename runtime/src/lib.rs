@@ -22,6 +22,8 @@ pub mod hosted;
 pub mod id;
 pub mod io;
 pub mod live;
+pub mod payload;
+pub mod recipient;
 pub mod rng;
 pub mod sim;
 pub mod time;
@@ -35,6 +37,8 @@ pub use error::RuntimeError;
 pub use hosted::{BoxMsg, DynActor, Effect, Env, ErasedMsg, IdAlloc, hosted};
 pub use id::{ActorId, Addr, NodeId};
 pub use io::{IoError, IoRequest};
+pub use payload::{PayloadRead, PayloadRelease, PayloadWrite};
+pub use recipient::{Accept, Recipient, Tagged, Target, message_key};
 pub use rng::{ActorRng, derive_seed};
 pub use time::{MICROS, MILLIS, Nanos, SECS};
 
@@ -42,4 +46,5 @@ pub use time::{MICROS, MILLIS, Nanos, SECS};
 /// with a different version are refused at the handshake: bincode's layout is
 /// positional, so enums are append-only and any incompatible change bumps this.
 /// 2: payload handles (`BlobId`) in the scheduling plane's protocols.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: `Recipient` replies, sent as `Tell` frames naming the message's key.
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -1,19 +1,15 @@
 //! A whole simulated cluster from one small config: the simulated backends
-//! on their own nodes, and the scheduler, which spawns every protocol actor
-//! of `gyre_actors::sched` on its node.
-//!
-//! Node layout: 0 hosts the scheduler and the actors it spawns (proxy,
-//! buffer, evaluator, packer, queue, core, cells, executions); each cell's
-//! engine, trainer and device memory share node 10 + index; the standalone
-//! pool's engine is node 5; the transfer engine, harness and evaluator
-//! backends are nodes 2, 3 and 4.
+//! placed by the shared [`ClusterPlan`], and the scheduler, which spawns
+//! every protocol actor of `gyre_actors::sched` on its node.
+
+use std::sync::Arc;
 
 use gyre_actors::sched::ids::EngineIx;
-use gyre_actors::sched::proto::port;
-use gyre_actors::sched::scheduler::{Backends, Scheduler};
+use gyre_actors::sched::plan::{BackendFactory, CellBackends, ClusterPlan, PlacedBackends, place};
+use gyre_actors::sched::scheduler::Scheduler;
 use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
 use gyre_runtime::sim::{Latency, LinkModel, Sim, SimConfig};
-use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs, NodeId};
+use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs};
 
 use crate::backends::{SimEngine, SimEvaluator, SimHarness, SimMemory, SimTrainer, SimTransfer};
 use crate::costs::Costs;
@@ -54,17 +50,77 @@ impl ClusterConfig {
     }
 }
 
-/// The backends of a built cluster, for reading their statistics.
-#[derive(Debug, Clone)]
-pub struct BackendAddrs {
-    pub engines: Vec<Addr<SimEngine>>,
-    pub pool: Option<Addr<SimEngine>>,
-    pub trainers: Vec<Addr<SimTrainer>>,
-    pub memories: Vec<Addr<SimMemory>>,
-    pub transfer: Addr<SimTransfer>,
-    pub harness: Addr<SimHarness>,
-    pub evaluator: Addr<SimEvaluator>,
+/// The simulated backends: cost models, no payloads.
+pub struct SimBackends {
+    cfg: ClusterConfig,
 }
+
+impl SimBackends {
+    fn engine(&self, ix: EngineIx, slots: u32) -> SimEngine {
+        let mut e = self.cfg.costs.engine.clone();
+        if e.load_capacity == 0 {
+            e.load_capacity = slots;
+        }
+        SimEngine::new(ix, e)
+    }
+}
+
+impl BackendFactory for SimBackends {
+    type Engine = SimEngine;
+    type Trainer = SimTrainer;
+    type Memory = SimMemory;
+    type Transfer = SimTransfer;
+    type Harness = SimHarness;
+    type Evaluator = SimEvaluator;
+    type Error = ConfigError;
+
+    fn cell(&mut self, cell: u32, slots: u32) -> Result<CellBackends<Self>, ConfigError> {
+        let costs = &self.cfg.costs;
+        Ok(CellBackends {
+            engine: self.engine(EngineIx::Cell(cell), slots),
+            trainer: SimTrainer::new(costs.trainer.clone(), cell),
+            memory: SimMemory::new(costs.memory.clone()),
+        })
+    }
+
+    fn pool(&mut self, slots: u32) -> Result<SimEngine, ConfigError> {
+        Ok(self.engine(EngineIx::Pool, slots))
+    }
+
+    fn transfer(&mut self) -> Result<SimTransfer, ConfigError> {
+        Ok(SimTransfer::new(self.cfg.costs.transfer.clone()))
+    }
+
+    fn harness(&mut self) -> Result<SimHarness, ConfigError> {
+        let costs = &self.cfg.costs;
+        Ok(match &costs.model {
+            Some(model) => SimHarness::calibrated(
+                costs.workload.clone(),
+                model.clone(),
+                gyre_runtime::rng::mix64(self.cfg.seed ^ 0x9_0e21),
+            ),
+            None => SimHarness::new(costs.workload.clone()),
+        })
+    }
+
+    fn evaluator(&mut self) -> Result<SimEvaluator, ConfigError> {
+        Ok(SimEvaluator::new(self.cfg.costs.eval.clone()))
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.cfg.costs.kv_bytes_per_token
+    }
+
+    /// Simulated backends send no payloads; a Recorded run still needs a
+    /// store to be a valid configuration.
+    fn blobs(&self) -> Option<Arc<dyn BlobStore>> {
+        matches!(self.cfg.sched.samples, SampleMode::Recorded(_))
+            .then(|| -> Arc<dyn BlobStore> { MemBlobs::shared() })
+    }
+}
+
+/// The backends of a built cluster, for reading their statistics.
+pub type BackendAddrs = PlacedBackends<SimBackends>;
 
 /// A built cluster, ready to run.
 pub struct Cluster {
@@ -82,71 +138,12 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     sc.codec_roundtrip = cfg.codec_check;
     sc.max_events = Some(cfg.max_events);
     let mut sim = Sim::new(sc);
-    let costs = &cfg.costs;
-    let k = cfg.sched.cells;
-    let mut engines = Vec::new();
-    let mut trainers = Vec::new();
-    let mut memories = Vec::new();
-    let engine_costs = |slots: u32| {
-        let mut e = costs.engine.clone();
-        if e.load_capacity == 0 {
-            e.load_capacity = slots;
-        }
-        e
-    };
-    for c in 0..k {
-        let node = NodeId(10 + c);
-        engines.push(sim.spawn(
-            node,
-            SimEngine::new(EngineIx::Cell(c), engine_costs(cfg.sched.cell_capacity)),
-        ));
-        trainers.push(sim.spawn(node, SimTrainer::new(costs.trainer.clone(), c)));
-        memories.push(sim.spawn(node, SimMemory::new(costs.memory.clone())));
-    }
-    let pool = (cfg.sched.pool_capacity > 0).then(|| {
-        sim.spawn(
-            NodeId(5),
-            SimEngine::new(EngineIx::Pool, engine_costs(cfg.sched.pool_capacity)),
-        )
-    });
-    let transfer = sim.spawn(NodeId(2), SimTransfer::new(costs.transfer.clone()));
-    let harness = match &costs.model {
-        Some(model) => SimHarness::calibrated(
-            costs.workload.clone(),
-            model.clone(),
-            gyre_runtime::rng::mix64(cfg.seed ^ 0x9_0e21),
-        ),
-        None => SimHarness::new(costs.workload.clone()),
-    };
-    let harness = sim.spawn(NodeId(3), harness);
-    let evaluator = sim.spawn(NodeId(4), SimEvaluator::new(costs.eval.clone()));
-    let ports = Backends {
-        engines: engines.iter().map(|a| port(*a)).collect(),
-        pool_engine: pool.map(port),
-        trainers: trainers.iter().map(|a| port(*a)).collect(),
-        memories: memories.iter().map(|a| port(*a)).collect(),
-        transfer: port(transfer),
-        harness: port(harness),
-        evaluator: port(evaluator),
-        kv_bytes_per_token: costs.kv_bytes_per_token,
-        // Simulated backends send no payloads; a Recorded run still needs
-        // a store to be a valid configuration.
-        blobs: matches!(cfg.sched.samples, SampleMode::Recorded(_))
-            .then(|| -> std::sync::Arc<dyn BlobStore> { MemBlobs::shared() }),
-    };
-    let scheduler = Scheduler::new(cfg.sched.clone(), ports)?;
-    let sched = sim.spawn(NodeId(0), scheduler);
+    let plan = ClusterPlan::for_config(&cfg.sched);
+    let mut factory = SimBackends { cfg: cfg.clone() };
+    let (sched, backends) = place(&plan, &cfg.sched, &mut sim, &mut factory)?;
     Ok(Cluster {
         sim,
         sched,
-        backends: BackendAddrs {
-            engines,
-            pool,
-            trainers,
-            memories,
-            transfer,
-            harness,
-            evaluator,
-        },
+        backends,
     })
 }

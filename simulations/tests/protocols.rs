@@ -56,7 +56,7 @@ fn proxy_rig() -> ProxyRig {
     let b = sim.probe::<EngineReq>(NodeId(2));
     let exec = sim.probe::<ExecMsg>(NodeId(3));
     let cell = sim.probe::<CellMsg>(NodeId(4));
-    let engines = BTreeMap::from([(EngineIx::Cell(0), a), (EngineIx::Cell(1), b)]);
+    let engines = BTreeMap::from([(EngineIx::Cell(0), a.into()), (EngineIx::Cell(1), b.into())]);
     let proxy = sim.spawn(NodeId(0), Proxy::new(engines));
     ProxyRig {
         sim,
@@ -70,7 +70,7 @@ fn proxy_rig() -> ProxyRig {
 
 impl ProxyRig {
     fn call(&mut self, c: CallId) {
-        let reply_to = as_actor(self.exec);
+        let reply_to = self.exec.into();
         self.sim.inject(
             TESTER,
             self.proxy,
@@ -84,7 +84,7 @@ impl ProxyRig {
     }
 
     fn reroute(&mut self, exec: u64, to: EngineIx) {
-        let notify = as_actor(self.cell);
+        let notify = self.cell.into();
         self.sim.inject(
             TESTER,
             self.proxy,
@@ -270,7 +270,7 @@ fn queue_grants_disjoint_micro_steps_parks_claims_and_ends_streams() {
             QueueMsg::Claim {
                 step: 0,
                 cell,
-                reply_to: as_actor(to),
+                reply_to: to.into(),
             },
         );
     };
@@ -282,7 +282,7 @@ fn queue_grants_disjoint_micro_steps_parks_claims_and_ends_streams() {
         QueueMsg::Push {
             step: 0,
             msteps: vec![mstep(0, 0), mstep(0, 1), mstep(0, 2)],
-            notify: as_actor(packer),
+            notify: packer.into(),
         },
     );
     claim(&mut sim, 1, c1);
@@ -477,10 +477,10 @@ fn cell_rig() -> CellRig {
         sched: as_actor(sched),
         core: as_actor(core),
         queue: as_actor(queue),
-        engine,
-        trainer: Some(trainer),
-        memory: Some(memory),
-        transfer,
+        engine: engine.into(),
+        trainer: Some(trainer.into()),
+        memory: Some(memory.into()),
+        transfer: transfer.into(),
     };
     let cell = sim.spawn(NodeId(0), Cell::new(1, links, 1024));
     CellRig {
@@ -511,7 +511,7 @@ impl CellRig {
 fn a_cell_switches_to_training_step_by_step() {
     let mut r = cell_rig();
     let sw = SwitchId(1);
-    let dest_cell = as_actor(r.dest);
+    let dest_cell = r.dest.into();
     let moves = [7, 8]
         .map(|e| Move {
             exec: ExecId(e),
@@ -740,7 +740,7 @@ fn a_destination_reads_the_blocks_adopts_them_and_acknowledges() {
     r.send(CellMsg::TakeOver {
         switch: SwitchId(9),
         kv,
-        source: as_actor(source),
+        source: source.into(),
     });
     let reads = got(&mut r.sim, r.transfer);
     let [TransferReq::Read { tag, bytes, .. }] = &reads[..] else {

@@ -10,31 +10,29 @@
 //! seed reproduces a run exactly (same trace hash, same losses, same
 //! rewards) however loaded the machine is.
 //!
-//! Node layout as in the lab: 0 the scheduler and the actors it spawns,
-//! 10 + c cell c's engine, trainer and memory, 5 the pool's engine, 2 the
-//! transfer engine, 3 the harness, 4 the evaluator.
+//! Node layout as in the lab: one [`ClusterPlan`] places both.
 
 use std::sync::{Arc, Mutex};
 
 use gyre_actors::sched::ids::EngineIx;
-use gyre_actors::sched::proto::port;
+use gyre_actors::sched::plan::{BackendFactory, CellBackends, ClusterPlan, Host, place};
 use gyre_actors::sched::samples::RecordedConfig;
-use gyre_actors::sched::scheduler::{Backends, Scheduler};
+use gyre_actors::sched::scheduler::Scheduler;
 use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
 use gyre_actors::trajectory::profile::ProfileConfig;
 use gyre_gpu::engine::{Engine, EngineConfig, EngineError};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{ObjectiveConfig, OptimConfig, TrainerError};
 use gyre_runtime::sim::{IoModel, Latency, LinkModel, Sim, SimConfig};
-use gyre_runtime::{Actor, Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, NodeId, SECS};
+use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, SECS};
 use serde::{Deserialize, Serialize};
 
-use super::engine::{EmbeddedEngine, EngineWorker};
-use super::memory::{EmbeddedMemory, MemoryWorker};
+use super::engine::EngineWorker;
+use super::memory::MemoryWorker;
 use super::shared::{EngineHandle, Shared, TrainerHandle, lock};
 use super::task::{EvaluatorWorker, HarnessWorker, TaskConfig, TaskConfigError, Workspaces};
-use super::trainer::{EmbeddedTrainer, TrainerWorker, trainer_handle};
-use super::transfer::{EmbeddedTransfer, TransferWorker};
+use super::trainer::{TrainerWorker, trainer_handle};
+use super::transfer::TransferWorker;
 
 /// Modelled device time of each kind of work, in the simulator's virtual
 /// clock (the work itself is real; only its duration is modelled).
@@ -218,28 +216,16 @@ build_error_from!(
 /// The backends of a built cluster, for reading their state.
 #[derive(Debug, Clone)]
 pub struct EmbeddedAddrs {
-    pub engines: Vec<Addr<EmbeddedEngine>>,
-    pub pool: Option<Addr<EmbeddedEngine>>,
-    pub trainers: Vec<Addr<EmbeddedTrainer>>,
-    pub memories: Vec<Addr<EmbeddedMemory>>,
-    pub transfer: Addr<EmbeddedTransfer>,
+    pub engines: Vec<Addr<EngineWorker>>,
+    pub pool: Option<Addr<EngineWorker>>,
+    pub trainers: Vec<Addr<TrainerWorker>>,
+    pub memories: Vec<Addr<MemoryWorker>>,
+    pub transfer: Addr<TransferWorker>,
     pub harness: Addr<HarnessWorker>,
     pub evaluator: Addr<EvaluatorWorker>,
     /// Each cell's engine and trainer (memory reports, weights).
     pub engine_handles: Vec<EngineHandle>,
     pub trainer_handles: Vec<TrainerHandle>,
-}
-
-/// Where a cluster's actors are spawned: the simulator, or a live node
-/// (which hosts every actor itself and ignores the node).
-pub trait Host {
-    fn spawn<A: Actor>(&mut self, node: NodeId, actor: A) -> Addr<A>;
-}
-
-impl Host for Sim {
-    fn spawn<A: Actor>(&mut self, node: NodeId, actor: A) -> Addr<A> {
-        Sim::spawn(self, node, actor)
-    }
 }
 
 /// A cluster's actors and what its backends share, on whatever host.
@@ -280,109 +266,155 @@ pub fn build(cfg: &EmbeddedConfig) -> Result<EmbeddedCluster, BuildError> {
     })
 }
 
+/// The embedded backends: the real policy's engines and trainers, the
+/// built-in task, one in-process payload store.
+pub struct EmbeddedBackends {
+    cfg: EmbeddedConfig,
+    params: ParamBuffer,
+    shared: Shared,
+    workspaces: Arc<Workspaces>,
+    task_seed: u64,
+    engine_handles: Vec<EngineHandle>,
+    trainer_handles: Vec<TrainerHandle>,
+}
+
+impl EmbeddedBackends {
+    fn engine(&self, slots: u32) -> Result<EngineHandle, BuildError> {
+        let batch = if self.cfg.engine_batch == 0 {
+            slots as usize
+        } else {
+            self.cfg.engine_batch
+        };
+        let e = Engine::new(
+            EngineConfig::for_model(self.cfg.model.clone(), batch.max(1)),
+            &self.params,
+        )?;
+        Ok(Arc::new(Mutex::new(e)))
+    }
+
+    fn engine_seed(&self, ix: u64) -> u64 {
+        gyre_runtime::rng::mix64(self.cfg.seed ^ (0xe9 << 8) ^ ix)
+    }
+}
+
+impl BackendFactory for EmbeddedBackends {
+    type Engine = EngineWorker;
+    type Trainer = TrainerWorker;
+    type Memory = MemoryWorker;
+    type Transfer = TransferWorker;
+    type Harness = HarnessWorker;
+    type Evaluator = EvaluatorWorker;
+    type Error = BuildError;
+
+    fn cell(&mut self, c: u32, slots: u32) -> Result<CellBackends<Self>, BuildError> {
+        let eh = self.engine(slots)?;
+        let optim = (c == 0).then_some(self.cfg.optim);
+        let th = trainer_handle(&self.shared, &self.params, optim)?;
+        // Every cell starts in rollout: its training memory is parked on
+        // the host until a switch restores it.
+        lock(&th).release_memory()?;
+        let engine = EngineWorker::new(
+            EngineIx::Cell(c),
+            eh.clone(),
+            self.shared.clone(),
+            self.engine_seed(u64::from(c)),
+        );
+        let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective);
+        let memory = MemoryWorker::new(eh.clone(), th.clone());
+        self.engine_handles.push(eh);
+        self.trainer_handles.push(th);
+        Ok(CellBackends {
+            engine,
+            trainer,
+            memory,
+        })
+    }
+
+    fn pool(&mut self, slots: u32) -> Result<EngineWorker, BuildError> {
+        let eh = self.engine(slots)?;
+        let seed = self.engine_seed(0xffff);
+        Ok(EngineWorker::new(
+            EngineIx::Pool,
+            eh,
+            self.shared.clone(),
+            seed,
+        ))
+    }
+
+    fn transfer(&mut self) -> Result<TransferWorker, BuildError> {
+        Ok(TransferWorker::new(self.shared.clone()))
+    }
+
+    fn harness(&mut self) -> Result<HarnessWorker, BuildError> {
+        let h = HarnessWorker::new(
+            self.cfg.task.clone(),
+            &self.shared,
+            self.workspaces.clone(),
+            self.task_seed,
+        )?;
+        Ok(h)
+    }
+
+    fn evaluator(&mut self) -> Result<EvaluatorWorker, BuildError> {
+        let e = EvaluatorWorker::new(
+            self.cfg.task.clone(),
+            self.workspaces.clone(),
+            self.task_seed,
+        )?;
+        Ok(e)
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        kv_bytes_per_token(&self.cfg.model)
+    }
+
+    fn blobs(&self) -> Option<Arc<dyn BlobStore>> {
+        Some(self.shared.blobs.clone())
+    }
+}
+
 /// Creates the model, its engines and trainers, and spawns every backend
-/// and the scheduler (which spawns the protocol actors) on `host`.
+/// and the scheduler (which spawns the protocol actors) on `host`, as the
+/// shared [`ClusterPlan`] places them.
 pub fn assemble<H: Host>(host: &mut H, cfg: &EmbeddedConfig) -> Result<Assembled, BuildError> {
     if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
         return Err(BuildError::Counted);
     }
     cfg.sched.validate()?;
     cfg.model.validate()?;
-    let sim = host;
     let blobs = MemBlobs::shared();
     let store: Arc<dyn BlobStore> = blobs.clone();
-    let shared = Shared::new(cfg.model.clone(), store.clone());
+    let shared = Shared::new(cfg.model.clone(), store);
     let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
     shared
         .weights
         .publish(params.version, Arc::from(params.encode()));
-
-    let engine = |slots: u32| -> Result<EngineHandle, BuildError> {
-        let batch = if cfg.engine_batch == 0 {
-            slots as usize
-        } else {
-            cfg.engine_batch
-        };
-        let e = Engine::new(
-            EngineConfig::for_model(cfg.model.clone(), batch.max(1)),
-            &params,
-        )?;
-        Ok(Arc::new(Mutex::new(e)))
-    };
-    let engine_seed = |ix: u64| gyre_runtime::rng::mix64(cfg.seed ^ (0xe9 << 8) ^ ix);
-
-    let k = cfg.sched.cells;
-    let (mut engines, mut trainers, mut memories) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut engine_handles, mut trainer_handles) = (Vec::new(), Vec::new());
-    for c in 0..k {
-        let node = NodeId(10 + c);
-        let eh = engine(cfg.sched.cell_capacity)?;
-        let th = trainer_handle(&shared, &params, (c == 0).then_some(cfg.optim))?;
-        // Every cell starts in rollout: its training memory is parked on
-        // the host until a switch restores it.
-        lock(&th).release_memory()?;
-        let worker = EngineWorker::new(
-            EngineIx::Cell(c),
-            eh.clone(),
-            shared.clone(),
-            engine_seed(u64::from(c)),
-        );
-        engines.push(sim.spawn(node, EmbeddedEngine::new(worker)));
-        let tw = TrainerWorker::new(c, th.clone(), shared.clone(), cfg.objective);
-        trainers.push(sim.spawn(node, EmbeddedTrainer::new(tw)));
-        let mw = MemoryWorker::new(eh.clone(), th.clone());
-        memories.push(sim.spawn(node, EmbeddedMemory::new(mw)));
-        engine_handles.push(eh);
-        trainer_handles.push(th);
-    }
-    let pool = match cfg.sched.pool_capacity {
-        0 => None,
-        slots => {
-            let eh = engine(slots)?;
-            let worker = EngineWorker::new(EngineIx::Pool, eh, shared.clone(), engine_seed(0xffff));
-            Some(sim.spawn(NodeId(5), EmbeddedEngine::new(worker)))
-        }
-    };
-    let transfer = sim.spawn(
-        NodeId(2),
-        EmbeddedTransfer::new(TransferWorker::new(shared.clone())),
-    );
     let workspaces = Arc::new(Workspaces::new());
-    let task_seed = gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c);
-    let harness = sim.spawn(
-        NodeId(3),
-        HarnessWorker::new(cfg.task.clone(), &shared, workspaces.clone(), task_seed)?,
-    );
-    let evaluator = sim.spawn(
-        NodeId(4),
-        EvaluatorWorker::new(cfg.task.clone(), workspaces.clone(), task_seed)?,
-    );
-    let a = EmbeddedAddrs {
-        engines,
-        pool,
-        trainers,
-        memories,
-        transfer,
-        harness,
-        evaluator,
-        engine_handles,
-        trainer_handles,
+    let mut factory = EmbeddedBackends {
+        cfg: cfg.clone(),
+        params,
+        shared: shared.clone(),
+        workspaces: workspaces.clone(),
+        task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+        engine_handles: Vec::new(),
+        trainer_handles: Vec::new(),
     };
-    let ports = Backends {
-        engines: a.engines.iter().map(|x| port(*x)).collect(),
-        pool_engine: a.pool.map(port),
-        trainers: a.trainers.iter().map(|x| port(*x)).collect(),
-        memories: a.memories.iter().map(|x| port(*x)).collect(),
-        transfer: port(a.transfer),
-        harness: port(a.harness),
-        evaluator: port(a.evaluator),
-        kv_bytes_per_token: kv_bytes_per_token(&cfg.model),
-        blobs: Some(store),
+    let plan = ClusterPlan::for_config(&cfg.sched);
+    let (sched, b) = place(&plan, &cfg.sched, host, &mut factory)?;
+    let backends = EmbeddedAddrs {
+        engines: b.engines,
+        pool: b.pool,
+        trainers: b.trainers,
+        memories: b.memories,
+        transfer: b.transfer,
+        harness: b.harness,
+        evaluator: b.evaluator,
+        engine_handles: factory.engine_handles,
+        trainer_handles: factory.trainer_handles,
     };
-    let sched = sim.spawn(NodeId(0), Scheduler::new(cfg.sched.clone(), ports)?);
     Ok(Assembled {
         sched,
-        backends: a,
+        backends,
         shared,
         workspaces,
         blobs,

@@ -14,10 +14,11 @@ use gyre_runtime::live::{LiveConfig, LiveNode};
 use gyre_runtime::{Actor, Addr, NodeId};
 use serde::Serialize;
 
-use super::cluster::{BuildError, EmbeddedConfig, Host, assemble};
+use super::cluster::{BuildError, EmbeddedConfig, assemble};
 use super::run::{VersionReward, rewards};
 use super::shared::lock;
 use super::trainer::UpdateSummary;
+use gyre_actors::sched::plan::Host;
 
 /// Spawns every actor of the cluster on one live node.
 pub struct OnLiveNode<'a>(pub &'a LiveNode);

@@ -9,18 +9,13 @@
 //! still holding requests or pins, a trainer mid-accumulation) is answered
 //! `Refused` with its reason.
 
-use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
 use gyre_gpu::engine::MemTag;
-use gyre_runtime::{Actor, ActorId, Addr, Cx, IoError};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient};
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::Front;
 use crate::embedded::shared::{EngineHandle, TrainerHandle, lock};
 use crate::embedded::work::{Serial, Work};
-
-/// What a cell addresses as its device-memory manager.
-pub type EmbeddedMemory = Front<MemoryReq, MemoryWorker>;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum MemoryWorkerMsg {
@@ -49,7 +44,7 @@ pub struct MemoryStats {
 struct Op {
     restore: bool,
     role: MemRole,
-    reply_to: Addr<Cell>,
+    reply_to: Recipient<MemoryEvent>,
 }
 
 impl From<MemoryReq> for Op {
@@ -128,6 +123,7 @@ impl MemoryWorker {
 impl Actor for MemoryWorker {
     type Msg = MemoryWorkerMsg;
     type Timer = ();
+    gyre_runtime::accepts!(MemoryReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: MemoryWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -171,13 +167,12 @@ impl Actor for MemoryWorker {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use gyre_actors::sched::cell::CellMsg;
     use gyre_gpu::engine::{Engine, EngineConfig, Request, SamplingParams};
     use gyre_gpu::memory::Tag;
     use gyre_gpu::model::{ModelConfig, ParamBuffer};
     use gyre_gpu::trainer::Trainer;
-    use gyre_runtime::NodeId;
     use gyre_runtime::sim::{Sim, SimConfig};
+    use gyre_runtime::{Addr, External, NodeId};
 
     use super::*;
 
@@ -185,8 +180,8 @@ mod tests {
 
     fn rig() -> (
         Sim,
-        Addr<EmbeddedMemory>,
-        Addr<Cell>,
+        Addr<MemoryWorker>,
+        Addr<External<MemoryEvent>>,
         EngineHandle,
         TrainerHandle,
     ) {
@@ -197,23 +192,17 @@ mod tests {
         ));
         let trainer = Arc::new(Mutex::new(Trainer::new(&m, &p).unwrap()));
         let mut sim = Sim::new(SimConfig::new(5));
-        let front = sim.spawn(
+        let mem = sim.spawn(
             NodeId(1),
-            EmbeddedMemory::new(MemoryWorker::new(engine.clone(), trainer.clone())),
+            MemoryWorker::new(engine.clone(), trainer.clone()),
         );
-        let cell = sim.probe::<CellMsg>(NodeId(1));
-        (sim, front, Addr::new(cell.id()), engine, trainer)
+        let cell = sim.probe::<MemoryEvent>(NodeId(1));
+        (sim, mem, cell, engine, trainer)
     }
 
-    fn events(sim: &mut Sim, cell: Addr<Cell>) -> Vec<MemoryEvent> {
+    fn events(sim: &mut Sim, cell: Addr<External<MemoryEvent>>) -> Vec<MemoryEvent> {
         sim.run().unwrap();
-        sim.take_probe::<CellMsg>(Addr::new(cell.id()))
-            .into_iter()
-            .filter_map(|r| match r.msg {
-                CellMsg::Memory(e) => Some(e),
-                _ => None,
-            })
-            .collect()
+        sim.take_probe(cell).into_iter().map(|r| r.msg).collect()
     }
 
     fn resident(report: &gyre_gpu::memory::MemoryReport, tag: Tag) -> u64 {
@@ -227,11 +216,11 @@ mod tests {
         assert!(resident(&before, Tag::KvCache) > 0);
         let release = |role| MemoryReq::Release {
             role,
-            reply_to: cell,
+            reply_to: cell.into(),
         };
         let restore = |role| MemoryReq::Restore {
             role,
-            reply_to: cell,
+            reply_to: cell.into(),
         };
         sim.inject(TESTER, mem, release(MemRole::Rollout));
         sim.inject(TESTER, mem, restore(MemRole::Training));
@@ -262,12 +251,7 @@ mod tests {
         assert_eq!(r.resident, before.resident);
         assert!(lock(&engine).health().serving);
 
-        let w = sim
-            .actor(mem)
-            .and_then(|f| f.worker())
-            .and_then(|a| sim.actor(a))
-            .unwrap()
-            .stats();
+        let w = sim.actor(mem).unwrap().stats();
         assert_eq!((w.releases, w.restores, w.refusals), (2, 2, 0));
         assert_eq!(w.rollout_bytes_released, before.resident);
         assert!(w.training_bytes_released > 0);
@@ -287,7 +271,7 @@ mod tests {
             mem,
             MemoryReq::Release {
                 role: MemRole::Rollout,
-                reply_to: cell,
+                reply_to: cell.into(),
             },
         );
         let got = events(&mut sim, cell);

@@ -9,10 +9,14 @@
 //! built-in agent task and its evaluator. Model work runs as I/O, so the
 //! same cluster runs under the deterministic simulator (virtual time, real
 //! compute, exact replay) or the live host (real time).
+//!
+//! Each backend is one actor: its message enum accepts its protocol's
+//! requests (listed in its `accepts!` table, so the scheduling plane holds a
+//! `Recipient<EngineReq>` of it) together with the completions of its own
+//! I/O jobs.
 
 pub mod cluster;
 pub mod engine;
-pub mod front;
 pub mod live;
 pub mod memory;
 pub mod run;
@@ -22,10 +26,9 @@ pub mod trainer;
 pub mod transfer;
 pub mod work;
 
-pub use engine::{EmbeddedEngine, EngineWorker};
-pub use front::Front;
-pub use memory::{EmbeddedMemory, MemoryWorker};
+pub use engine::EngineWorker;
+pub use memory::MemoryWorker;
 pub use shared::{EngineHandle, GradBoard, KvBoard, Shared, TrainerHandle, WeightBoard};
-pub use trainer::{EmbeddedTrainer, TrainerWorker};
-pub use transfer::{EmbeddedTransfer, TransferWorker};
+pub use trainer::TrainerWorker;
+pub use transfer::TransferWorker;
 pub use work::Work;

@@ -12,7 +12,6 @@ use gyre_simulations::run::staleness;
 use serde::Serialize;
 
 use super::cluster::{BuildError, EmbeddedCluster, EmbeddedConfig, build, secs};
-use super::front::Front;
 use super::task::TaskStats;
 use super::trainer::UpdateSummary;
 
@@ -151,15 +150,9 @@ pub fn rewards(task: &TaskStats) -> (Vec<VersionReward>, Option<f64>, Option<f64
     (by, early, late)
 }
 
-/// The worker behind a backend's front, if it is alive.
-pub fn worker_of<M, W>(c: &EmbeddedCluster, front: Addr<Front<M, W>>) -> Option<&W>
-where
-    M: gyre_runtime::Message,
-    W: Actor,
-    W::Msg: From<M>,
-{
-    let w = c.sim.actor(front)?.worker()?;
-    c.sim.actor(w)
+/// A backend actor's state, if it is alive.
+pub fn worker_of<W: Actor>(c: &EmbeddedCluster, addr: Addr<W>) -> Option<&W> {
+    c.sim.actor(addr)
 }
 
 fn core(c: &EmbeddedCluster) -> Option<&Core> {

@@ -32,12 +32,8 @@ use gyre_gpu::trainer::{
 use gyre_runtime::{Actor, ActorId, Cx, IoError, get_decoded};
 use serde::{Deserialize, Serialize};
 
-use super::front::Front;
 use super::shared::{Shared, TrainerHandle, lock};
 use super::work::{Serial, Work};
-
-/// The trainer backend of one cell, addressed by the trainer protocol.
-pub type EmbeddedTrainer = Front<TrainerReq, TrainerWorker>;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum TrainerWorkerMsg {
@@ -446,6 +442,7 @@ pub fn to_trainer_input(p: MicroStepRows) -> (Vec<TrainRow>, MicroStep) {
 impl Actor for TrainerWorker {
     type Msg = TrainerWorkerMsg;
     type Timer = ();
+    gyre_runtime::accepts!(TrainerReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -487,7 +484,7 @@ mod tests {
     use gyre_gpu::model::{ModelConfig, ParamBuffer};
     use gyre_gpu::trainer::OptimConfig;
     use gyre_runtime::sim::{Sim, SimConfig};
-    use gyre_runtime::{Addr, BlobId, BlobStore, MemBlobs, NodeId, put_encoded};
+    use gyre_runtime::{BlobId, BlobStore, MemBlobs, NodeId, put_encoded};
 
     use super::*;
 
@@ -530,18 +527,13 @@ mod tests {
         };
         let th = trainer_handle(&shared, &params, Some(optim)).unwrap();
         let mut sim = Sim::new(SimConfig::new(1));
-        let front = sim.spawn(
+        let tw = sim.spawn(
             NodeId(1),
-            EmbeddedTrainer::new(TrainerWorker::new(
-                0,
-                th.clone(),
-                shared.clone(),
-                ObjectiveConfig::default(),
-            )),
+            TrainerWorker::new(0, th.clone(), shared.clone(), ObjectiveConfig::default()),
         );
-        let cell_probe = sim.probe::<CellMsg>(NodeId(2));
-        let core_probe = sim.probe::<CoreMsg>(NodeId(2));
-        let (cell, core) = (Addr::new(cell_probe.id()), Addr::new(core_probe.id()));
+        let cell_probe = sim.probe::<TrainerEvent>(NodeId(2));
+        let core_probe = sim.probe::<TrainerEvent>(NodeId(2));
+        let (cell, core) = (cell_probe.into(), core_probe.into());
         // On-policy behaviour log-probs, so the sequence clip keeps the
         // execution (an arbitrary behaviour policy may clip it to zero).
         let mut payload = rows();
@@ -600,13 +592,13 @@ mod tests {
             },
         ];
         for r in reqs {
-            sim.inject(cell_probe.id(), front, r);
+            sim.inject(cell_probe.id(), tw, r);
         }
         sim.run().unwrap();
         let to_cell: Vec<_> = sim
             .take_probe(cell_probe)
             .into_iter()
-            .map(|r| r.msg)
+            .map(|r| CellMsg::from(r.msg))
             .collect();
         let computed: Vec<_> = to_cell
             .iter()
@@ -627,7 +619,7 @@ mod tests {
         let to_core: Vec<_> = sim
             .take_probe(core_probe)
             .into_iter()
-            .map(|r| r.msg)
+            .map(|r| CoreMsg::from(r.msg))
             .collect();
         assert!(
             matches!(
@@ -639,11 +631,7 @@ mod tests {
             ),
             "{to_core:?}"
         );
-        let worker = sim
-            .actor(front)
-            .and_then(|f| f.worker())
-            .and_then(|w| sim.actor(w))
-            .unwrap();
+        let worker = sim.actor(tw).unwrap();
         let st = worker.stats();
         assert_eq!(
             (st.micro_steps, st.failed_micro_steps, st.errors),

@@ -14,19 +14,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gyre_actors::sched::cell::Cell;
-use gyre_actors::sched::core::Core;
 use gyre_actors::sched::ids::Version;
 use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, TransferReq};
-use gyre_runtime::{Actor, ActorId, Addr, Cx, IoError, MILLIS, Nanos};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, MILLIS, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::Front;
 use crate::embedded::shared::{Shared, WeightBoard};
 use crate::embedded::work::{Serial, Work};
-
-/// What the scheduling plane addresses as its transfer engine.
-pub type EmbeddedTransfer = Front<TransferReq, TransferWorker>;
 
 /// How often a publication re-checks the board, and for how long.
 const PUBLISH_RETRY: Nanos = 5 * MILLIS;
@@ -60,15 +54,15 @@ pub struct TransferStats {
 enum Op {
     Expose {
         version: Version,
-        reply_to: Addr<Core>,
+        reply_to: Recipient<TransferEvent>,
     },
     Read {
         tag: ReadTag,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<TransferEvent>,
     },
     Publish {
         version: Version,
-        reply_to: Addr<Core>,
+        reply_to: Recipient<TransferEvent>,
         tries: u32,
     },
 }
@@ -210,6 +204,7 @@ impl TransferWorker {
 impl Actor for TransferWorker {
     type Msg = TransferWorkerMsg;
     type Timer = u64;
+    gyre_runtime::accepts!(TransferReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: TransferWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -243,11 +238,10 @@ impl Actor for TransferWorker {
 #[cfg(test)]
 mod tests {
     use gyre_actors::sched::cell::CellMsg;
-    use gyre_actors::sched::core::CoreMsg;
     use gyre_actors::sched::ids::{ExecId, Step, SwitchId};
     use gyre_gpu::model::ModelConfig;
     use gyre_runtime::sim::{Sim, SimConfig};
-    use gyre_runtime::{MemBlobs, NodeId};
+    use gyre_runtime::{Addr, External, MemBlobs, NodeId};
 
     use super::*;
 
@@ -255,21 +249,18 @@ mod tests {
 
     struct Rig {
         sim: Sim,
-        tx: Addr<EmbeddedTransfer>,
-        cell: Addr<Cell>,
-        core: Addr<Core>,
+        tx: Addr<TransferWorker>,
+        cell: Addr<External<TransferEvent>>,
+        core: Addr<External<TransferEvent>>,
         shared: Shared,
     }
 
     fn rig() -> Rig {
         let shared = Shared::new(ModelConfig::tiny(), MemBlobs::shared());
         let mut sim = Sim::new(SimConfig::new(3));
-        let tx = sim.spawn(
-            NodeId(1),
-            EmbeddedTransfer::new(TransferWorker::new(shared.clone())),
-        );
-        let cell = Addr::new(sim.probe::<CellMsg>(NodeId(2)).id());
-        let core = Addr::new(sim.probe::<CoreMsg>(NodeId(3)).id());
+        let tx = sim.spawn(NodeId(1), TransferWorker::new(shared.clone()));
+        let cell = sim.probe::<TransferEvent>(NodeId(2));
+        let core = sim.probe::<TransferEvent>(NodeId(3));
         Rig {
             sim,
             tx,
@@ -281,31 +272,26 @@ mod tests {
 
     impl Rig {
         fn stats(&self) -> TransferStats {
-            let w = self.sim.actor(self.tx).and_then(|f| f.worker()).unwrap();
-            self.sim.actor(w).unwrap().stats()
+            self.sim.actor(self.tx).unwrap().stats()
         }
 
         fn cell_events(&mut self) -> Vec<TransferEvent> {
             self.sim.run().unwrap();
+            let cell = self.cell;
             self.sim
-                .take_probe::<CellMsg>(Addr::new(self.cell.id()))
+                .take_probe(cell)
                 .into_iter()
-                .filter_map(|r| match r.msg {
-                    CellMsg::Transfer(e) => Some(e),
-                    _ => None,
-                })
+                .map(|r| r.msg)
                 .collect()
         }
 
         /// What the core received so far (the caller runs the world).
         fn core_events(&mut self) -> Vec<(Nanos, TransferEvent)> {
+            let core = self.core;
             self.sim
-                .take_probe::<CoreMsg>(Addr::new(self.core.id()))
+                .take_probe(core)
                 .into_iter()
-                .filter_map(|r| match r.msg {
-                    CoreMsg::Transfer(e) => Some((r.at, e)),
-                    _ => None,
-                })
+                .map(|r| (r.at, r.msg))
                 .collect()
         }
     }
@@ -319,7 +305,7 @@ mod tests {
             switch: SwitchId(1),
             exec: ExecId(exec),
             tokens: 10,
-            source: r.cell,
+            source: Addr::<External<CellMsg>>::new(r.cell.id()).into(),
         };
         let snap = |step: Step, version| ReadTag::Snapshot { step, version };
         for tag in [kv(4), kv(5), snap(2, 2), snap(1, 1)] {
@@ -329,7 +315,7 @@ mod tests {
                 TransferReq::Read {
                     tag,
                     bytes: 1,
-                    reply_to: r.cell,
+                    reply_to: r.cell.into(),
                 },
             );
         }
@@ -363,7 +349,7 @@ mod tests {
             r.tx,
             TransferReq::Expose {
                 version: 0,
-                reply_to: r.core,
+                reply_to: r.core.into(),
             },
         );
         r.sim.inject(
@@ -372,7 +358,7 @@ mod tests {
             TransferReq::Publish {
                 version: 1,
                 engines: 2,
-                reply_to: r.core,
+                reply_to: r.core.into(),
             },
         );
         r.sim.run_until(20 * MILLIS).unwrap();

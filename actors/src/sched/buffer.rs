@@ -19,41 +19,13 @@
 
 use std::collections::BTreeMap;
 
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx};
-use serde::{Deserialize, Serialize};
+use gyre_runtime::{Actor, ActorId, Cx, Recipient};
 
 use crate::sched::ids::{ExecId, GroupId, Version};
-use crate::sched::packer::{Packer, PackerMsg};
+pub use crate::sched::msg::buffer::BufferMsg;
+use crate::sched::msg::packer::PackerMsg;
 pub use crate::sched::samples::Sample;
 use crate::trajectory::scoring::{Outcome, group_ready};
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum BufferMsg {
-    /// The stream packer asks to hear about ready groups.
-    Subscribe { packer: Addr<Packer> },
-    /// An evaluation failed and will be retried: one more failed attempt.
-    Pending {
-        exec: ExecId,
-        group: GroupId,
-        v_d: Version,
-    },
-    /// The evaluator's result for one execution; `tokens` are the output
-    /// tokens the policy sampled (what a count-only source trains).
-    Resolved {
-        exec: ExecId,
-        group: GroupId,
-        v_d: Version,
-        outcome: Outcome,
-        tokens: u64,
-        /// The execution's TITO record handles, kept with its sample.
-        records: Vec<BlobId>,
-    },
-    /// Hand a ready group to the packer.
-    Take {
-        group: GroupId,
-        reply_to: Addr<Packer>,
-    },
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupState {
@@ -87,7 +59,7 @@ pub struct BufferStats {
 pub struct Buffer {
     group_size: u32,
     groups: BTreeMap<GroupId, Entry>,
-    packer: Option<Addr<Packer>>,
+    packer: Option<Recipient<PackerMsg>>,
     stats: BufferStats,
 }
 

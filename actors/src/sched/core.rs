@@ -16,87 +16,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
-use serde::{Deserialize, Serialize};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, Recipient};
 
-use crate::sched::cell::{Cell, CellMsg};
 use crate::sched::ids::{GroupId, MicroStepId, Step, Version};
 use crate::sched::maths::prefix::comm_group_for;
-use crate::sched::packer::{Packer, PackerMsg};
+use crate::sched::msg::cell::CellMsg;
+pub use crate::sched::msg::core::{CoreMsg, StepRecord, TrainedGroup};
+use crate::sched::msg::packer::PackerMsg;
 use crate::sched::proto::Port;
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
 use crate::sched::scheduler::{SchedMsg, Scheduler};
-
-/// One group as a training step consumed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TrainedGroup {
-    pub group: GroupId,
-    /// v_d: the published version when the group was dispatched.
-    pub v_d: Version,
-    pub tokens: u64,
-    pub micro_steps: u32,
-}
-
-/// What one optimizer update consumed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepRecord {
-    pub step: Step,
-    /// Size of the training prefix that reduced gradients.
-    pub members: u32,
-    pub groups: Vec<TrainedGroup>,
-    pub micro_steps: u32,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum CoreMsg {
-    /// From the scheduler: cell 0 entered training; train `step` with
-    /// `members` (cell 0 first; the others join once they hold the weights).
-    Activate {
-        step: Step,
-        burst: u64,
-        members: Vec<(u32, Addr<Cell>)>,
-    },
-    /// From the scheduler: a satellite switched and wants to join.
-    Join {
-        cell: u32,
-        addr: Addr<Cell>,
-        burst: u64,
-    },
-    /// From the scheduler, after a publication: stay and train `burst`.
-    Continue {
-        burst: u64,
-    },
-    /// From the scheduler: the core returns to rollout.
-    Leave,
-    /// From the packer: the batch's groups and micro-steps, all enqueued.
-    BatchSealed {
-        step: Step,
-        groups: Vec<TrainedGroup>,
-        micro_steps: Vec<MicroStepId>,
-        packer: Addr<Packer>,
-    },
-    /// From a member: its share of the batch is computed and drained.
-    BatchDone {
-        step: Step,
-        cell: u32,
-        consumed: Vec<MicroStepId>,
-    },
-    Trainer(TrainerEvent),
-    Transfer(TransferEvent),
-}
-
-impl From<TrainerEvent> for CoreMsg {
-    fn from(e: TrainerEvent) -> Self {
-        CoreMsg::Trainer(e)
-    }
-}
-
-impl From<TransferEvent> for CoreMsg {
-    fn from(e: TransferEvent) -> Self {
-        CoreMsg::Transfer(e)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoreConfig {
@@ -160,13 +90,13 @@ pub struct Core {
     burst: u64,
     /// The final step of the burst is past its update: no more joins.
     burst_closed: bool,
-    members: Vec<(u32, Addr<Cell>)>,
-    pending: BTreeMap<u32, Addr<Cell>>,
+    members: Vec<(u32, Recipient<CellMsg>)>,
+    pending: BTreeMap<u32, Recipient<CellMsg>>,
     exposed: Option<Segment>,
     window_open: bool,
     sealed: BTreeMap<Step, Sealed>,
     done: BTreeMap<u32, Vec<MicroStepId>>,
-    packer: Option<Addr<Packer>>,
+    packer: Option<Recipient<PackerMsg>>,
     log: CoreLog,
 }
 
@@ -231,7 +161,7 @@ impl Core {
                 },
             );
         }
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(
             self.links.transfer,
             TransferReq::Expose {
@@ -289,7 +219,7 @@ impl Core {
         let members = self.members.len() as u32;
         self.log.memberships.push(self.members());
         self.phase = CorePhase::Reducing;
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(
             self.links.trainer,
             TrainerReq::Reduce {
@@ -335,7 +265,7 @@ impl Core {
         if broadcast {
             self.phase = CorePhase::Broadcasting;
             let members = self.members.len() as u32;
-            let reply_to = cx.me();
+            let reply_to = cx.recipient();
             cx.send(
                 self.links.trainer,
                 TrainerReq::Broadcast {
@@ -354,7 +284,7 @@ impl Core {
         let step = self.step;
         if self.burst_closed {
             self.phase = CorePhase::Publishing;
-            let reply_to = cx.me();
+            let reply_to = cx.recipient();
             cx.send(
                 self.links.transfer,
                 TransferReq::Publish {
@@ -374,11 +304,12 @@ impl Core {
 impl Actor for Core {
     type Msg = CoreMsg;
     type Timer = ();
+    gyre_runtime::accepts!(TrainerEvent, TransferEvent);
 
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
         // The K − 1 prefix groups {0..1}, …, {0..K−1}, built once.
         let prefixes: Vec<u32> = (2..=self.cfg.cells).collect();
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(
             self.links.trainer,
             TrainerReq::BuildGroups { prefixes, reply_to },
@@ -499,7 +430,7 @@ impl Actor for Core {
             CoreMsg::Trainer(TrainerEvent::Reduced { step, .. }) => {
                 if self.phase == CorePhase::Reducing && step == self.step {
                     self.phase = CorePhase::Updating;
-                    let reply_to = cx.me();
+                    let reply_to = cx.recipient();
                     cx.send(self.links.trainer, TrainerReq::Update { step, reply_to });
                 }
             }

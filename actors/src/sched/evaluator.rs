@@ -17,50 +17,17 @@
 
 use std::collections::BTreeMap;
 
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, Nanos};
-use serde::{Deserialize, Serialize};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos};
 
 use crate::sched::buffer::{Buffer, BufferMsg};
 use crate::sched::execution::ExecStatus;
-use crate::sched::ids::{ExecId, GroupId, Version};
+use crate::sched::ids::ExecId;
+pub use crate::sched::msg::evaluator::{EvalJob, EvaluatorMsg};
 use crate::sched::proto::Port;
 use crate::sched::proto::evaluator::{EvalEvent, EvalReq};
 use crate::trajectory::scoring::{
     ArtifactRef, EvalResult, Evaluation, ExecutionScoring, Outcome, Termination,
 };
-
-/// A closed execution to evaluate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EvalJob {
-    pub exec: ExecId,
-    pub group: GroupId,
-    pub v_d: Version,
-    pub status: ExecStatus,
-    pub tokens: u64,
-    /// End of the execution's total time budget.
-    pub deadline: Nanos,
-    /// Handles of the execution's TITO records, in call-answer order
-    /// (empty in the simulator); passed through to the buffer unread.
-    pub records: Vec<BlobId>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum EvaluatorMsg {
-    Evaluate(EvalJob),
-    Backend(EvalEvent),
-}
-
-impl From<EvalJob> for EvaluatorMsg {
-    fn from(j: EvalJob) -> Self {
-        EvaluatorMsg::Evaluate(j)
-    }
-}
-
-impl From<EvalEvent> for EvaluatorMsg {
-    fn from(e: EvalEvent) -> Self {
-        EvaluatorMsg::Backend(e)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum EvalTimer {
@@ -156,7 +123,7 @@ impl Evaluator {
     }
 
     fn ask(&self, exec: ExecId, attempt: u32, cx: &mut Cx<'_, Self>) {
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(
             self.backend,
             EvalReq::Score {
@@ -251,6 +218,7 @@ impl Evaluator {
 impl Actor for Evaluator {
     type Msg = EvaluatorMsg;
     type Timer = EvalTimer;
+    gyre_runtime::accepts!(EvalJob, EvalEvent);
 
     fn on_msg(&mut self, _from: ActorId, msg: EvaluatorMsg, cx: &mut Cx<'_, Self>) {
         match msg {

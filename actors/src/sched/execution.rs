@@ -10,34 +10,14 @@
 //! then stops.
 
 use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, Nanos};
-use serde::{Deserialize, Serialize};
 
 use crate::sched::evaluator::{EvalJob, Evaluator};
-use crate::sched::ids::{CallId, ExecId, GroupId, Version};
+use crate::sched::ids::{ExecId, GroupId, Version};
+pub use crate::sched::msg::execution::{ExecMsg, ExecState, ExecStatus};
 use crate::sched::proto::Port;
 use crate::sched::proto::harness::{HarnessEvent, HarnessOutcome, HarnessReq};
 use crate::sched::proxy::{Proxy, ProxyMsg};
 use crate::sched::scheduler::{SchedMsg, Scheduler};
-
-/// How an execution ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ExecStatus {
-    Completed,
-    /// `complete`: nothing was produced that could be evaluated.
-    Failed {
-        complete: bool,
-    },
-    HarnessTimeout,
-    OverallTimeout,
-    Cancelled,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ExecState {
-    Queued,
-    Running,
-    Closed(ExecStatus),
-}
 
 /// Where an execution sends things.
 #[derive(Debug, Clone, Copy)]
@@ -46,29 +26,6 @@ pub struct ExecLinks {
     pub proxy: Addr<Proxy>,
     pub evaluator: Addr<Evaluator>,
     pub harness: Port<HarnessReq>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum ExecMsg {
-    /// From the scheduler: a slot is placed, start the harness.
-    Start,
-    /// From the scheduler: stop a running execution.
-    Cancel,
-    Harness(HarnessEvent),
-    /// From the proxy: the answer to one model call; `output` holds its
-    /// TITO record (see [`crate::sched::proto::payload`]).
-    Answer {
-        call: CallId,
-        output_tokens: u64,
-        version: Version,
-        output: BlobId,
-    },
-}
-
-impl From<HarnessEvent> for ExecMsg {
-    fn from(e: HarnessEvent) -> Self {
-        ExecMsg::Harness(e)
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -163,6 +120,7 @@ impl Execution {
 impl Actor for Execution {
     type Msg = ExecMsg;
     type Timer = ExecTimer;
+    gyre_runtime::accepts!(HarnessEvent);
 
     fn on_msg(&mut self, _from: ActorId, msg: ExecMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -173,7 +131,7 @@ impl Actor for Execution {
                 self.state = ExecState::Running;
                 self.started_at = cx.now();
                 cx.set_timer(ExecTimer::Overall, self.overall_timeout);
-                let reply_to = cx.me();
+                let reply_to = cx.recipient();
                 cx.send(
                     self.links.harness,
                     HarnessReq::Begin {
@@ -193,7 +151,7 @@ impl Actor for Execution {
                     return;
                 }
                 self.calls += 1;
-                let reply_to = cx.me();
+                let reply_to = cx.recipient();
                 cx.send(
                     self.links.proxy,
                     ProxyMsg::Call {

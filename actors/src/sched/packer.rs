@@ -30,43 +30,18 @@ use std::sync::Arc;
 
 use gyre_runtime::{Actor, ActorId, Addr, BlobId, BlobStore, Cx, put_encoded};
 use rand::Rng;
-use serde::{Deserialize, Serialize};
 
 use crate::sched::buffer::{Buffer, BufferMsg};
 use crate::sched::core::{Core, CoreMsg, TrainedGroup};
 use crate::sched::ids::{ExecId, GroupId, MicroStepId, Step, Version};
 use crate::sched::maths::supply::supply;
+pub use crate::sched::msg::packer::PackerMsg;
 use crate::sched::queue::{MicroQueue, MicroStep, QueueMsg};
 use crate::sched::samples::{Counted, GroupCtx, Sample, SampleSource, plan_group};
 use crate::sched::scheduler::{SchedMsg, Scheduler};
 use crate::trajectory::TitoRecord;
 use crate::trajectory::objective::ObjectiveConfig;
 use crate::trajectory::packing::{MicroStepRows, RowChunk, TokenRow};
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum PackerMsg {
-    /// From the buffer: a group became ready.
-    Ready { group: GroupId, v_d: Version },
-    /// From the buffer: the group asked for.
-    Taken {
-        group: GroupId,
-        v_d: Version,
-        samples: Vec<Sample>,
-    },
-    /// From the buffer: the group asked for could not be handed over.
-    NotReady { group: GroupId },
-    /// From the queue: a training cell claimed this micro-step.
-    Claimed { id: MicroStepId, group: GroupId },
-    /// From the core: the update of `step` is done.
-    Trained { step: Step },
-    /// From the proxy: one recorded model call of `exec`, for a recorded
-    /// sample source. Records must arrive before the group is taken.
-    Record {
-        exec: ExecId,
-        group: GroupId,
-        record: Box<TitoRecord>,
-    },
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackerConfig {
@@ -272,7 +247,7 @@ impl Packer {
         }
         if let Some((_, group)) = self.ready.pop_first() {
             self.taking = Some(group);
-            let reply_to = cx.me();
+            let reply_to = cx.recipient();
             cx.send(self.links.buffer, BufferMsg::Take { group, reply_to });
         }
     }
@@ -348,7 +323,7 @@ impl Packer {
             micro_steps: n,
         });
         if !msteps.is_empty() {
-            let notify = cx.me();
+            let notify = cx.recipient();
             cx.send(
                 self.links.queue,
                 QueueMsg::Push {
@@ -383,7 +358,7 @@ impl Packer {
         let step = self.step;
         let total = self.msteps.len() as u32;
         cx.send(self.links.queue, QueueMsg::Close { step, total });
-        let packer = cx.me();
+        let packer = cx.recipient();
         cx.send(
             self.links.core,
             CoreMsg::BatchSealed {
@@ -420,7 +395,7 @@ impl Actor for Packer {
 
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
         self.seed = cx.rng().random();
-        let packer = cx.me();
+        let packer = cx.recipient();
         cx.send(self.links.buffer, BufferMsg::Subscribe { packer });
         self.report(cx);
     }

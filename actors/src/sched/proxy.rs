@@ -11,57 +11,24 @@
 //! every attempt (the harness owns it), and an answer's record handle goes to
 //! the execution. The record of an answer nobody waits for any more (a
 //! cancelled attempt that finished anyway, a closed execution) would have no
-//! owner, so the proxy releases it when it was given the store.
+//! owner, so the proxy releases it (a `PayloadRelease` effect) when it was
+//! given the store.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, BlobStore, Cx};
-use serde::{Deserialize, Serialize};
+use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, PayloadRelease, Recipient};
 
-use crate::sched::cell::{Cell, CellMsg};
-use crate::sched::execution::{ExecMsg, Execution};
-use crate::sched::ids::{CallId, EngineIx, ExecId, SwitchId};
+use crate::sched::execution::ExecMsg;
+use crate::sched::ids::{CallId, EngineIx, ExecId};
+use crate::sched::msg::cell::CellMsg;
+pub use crate::sched::msg::proxy::ProxyMsg;
 use crate::sched::proto::Port;
 use crate::sched::proto::engine::{CallEvent, EngineReq};
 
-#[derive(Debug, Serialize, Deserialize)]
-pub enum ProxyMsg {
-    /// From the scheduler: a started execution is served by `engine`.
-    Route {
-        exec: ExecId,
-        engine: EngineIx,
-    },
-    /// From the scheduler: these executions move (a cell is switching);
-    /// acknowledged to `notify` once the routes are in place.
-    Reroute {
-        switch: SwitchId,
-        moves: Vec<(ExecId, EngineIx)>,
-        notify: Addr<Cell>,
-    },
-    /// From an execution that closed.
-    Forget {
-        exec: ExecId,
-    },
-    /// From an execution: one model call.
-    Call {
-        call: CallId,
-        prompt_tokens: u64,
-        prompt: BlobId,
-        reply_to: Addr<Execution>,
-    },
-    Engine(CallEvent),
-}
-
-impl From<CallEvent> for ProxyMsg {
-    fn from(e: CallEvent) -> Self {
-        ProxyMsg::Engine(e)
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 struct PendingCall {
-    reply_to: Addr<Execution>,
+    reply_to: Recipient<ExecMsg>,
     prompt_tokens: u64,
     /// Resent as is by every attempt: the harness owns it until answered.
     prompt: BlobId,
@@ -162,7 +129,7 @@ impl Proxy {
         }
         p.attempt += 1;
         p.at = Some(engine);
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(
             port,
             EngineReq::Serve {
@@ -210,6 +177,7 @@ impl Proxy {
 impl Actor for Proxy {
     type Msg = ProxyMsg;
     type Timer = ();
+    gyre_runtime::accepts!(CallEvent);
 
     fn on_msg(&mut self, _from: ActorId, msg: ProxyMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -279,7 +247,8 @@ impl Actor for Proxy {
             }) => {
                 if self.calls.get(&call).is_none_or(|p| p.attempt != attempt) {
                     if let Some(store) = self.blobs.as_ref().filter(|_| output.is_some()) {
-                        store.release(output);
+                        let release = PayloadRelease::new(store.clone(), output);
+                        cx.io(release, |_| ProxyMsg::Released);
                     }
                     return;
                 }
@@ -300,6 +269,7 @@ impl Actor for Proxy {
             | ProxyMsg::Engine(CallEvent::Rejected { call, attempt }) => {
                 self.not_served(call, attempt, cx)
             }
+            ProxyMsg::Released => {}
         }
     }
 }

@@ -10,39 +10,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx};
-use serde::{Deserialize, Serialize};
+use gyre_runtime::{Actor, ActorId, Cx, Recipient};
 
-use crate::sched::cell::{Cell, CellMsg};
-use crate::sched::ids::{GroupId, MicroStepId, Step};
-use crate::sched::packer::{Packer, PackerMsg};
-
-/// One unit of training input: packed token rows of one group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MicroStep {
-    pub id: MicroStepId,
-    pub group: GroupId,
-    pub tokens: u64,
-    /// Its [`crate::trajectory::packing::MicroStepRows`], or
-    /// [`BlobId::NONE`] when the packer keeps counts only or has no store.
-    pub rows: BlobId,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum QueueMsg {
-    Push {
-        step: Step,
-        msteps: Vec<MicroStep>,
-        notify: Addr<Packer>,
-    },
-    /// Every micro-step of `step` is enqueued: `total` of them.
-    Close { step: Step, total: u32 },
-    Claim {
-        step: Step,
-        cell: u32,
-        reply_to: Addr<Cell>,
-    },
-}
+use crate::sched::ids::{MicroStepId, Step};
+use crate::sched::msg::cell::CellMsg;
+use crate::sched::msg::packer::PackerMsg;
+pub use crate::sched::msg::queue::{MicroStep, QueueMsg};
 
 #[derive(Debug, Default)]
 struct StepQueue {
@@ -50,7 +23,7 @@ struct StepQueue {
     pushed: u32,
     closed: bool,
     granted: BTreeSet<MicroStepId>,
-    waiting: VecDeque<(u32, Addr<Cell>)>,
+    waiting: VecDeque<(u32, Recipient<CellMsg>)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,7 +39,7 @@ pub struct QueueStats {
 #[derive(Debug, Default)]
 pub struct MicroQueue {
     steps: BTreeMap<Step, StepQueue>,
-    packer: Option<Addr<Packer>>,
+    packer: Option<Recipient<PackerMsg>>,
     stats: QueueStats,
 }
 
@@ -84,7 +57,13 @@ impl MicroQueue {
         self.steps.get(&step).map_or(0, |q| q.granted.len())
     }
 
-    fn grant(&mut self, step: Step, cell: u32, to: Addr<Cell>, cx: &mut Cx<'_, Self>) -> bool {
+    fn grant(
+        &mut self,
+        step: Step,
+        cell: u32,
+        to: Recipient<CellMsg>,
+        cx: &mut Cx<'_, Self>,
+    ) -> bool {
         let Some(q) = self.steps.get_mut(&step) else {
             return false;
         };

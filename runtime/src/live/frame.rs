@@ -55,6 +55,13 @@ pub enum WireFrame {
     Heartbeat,
     /// A clean close: the sender is shutting down.
     Goodbye,
+    /// A message sent through a `Recipient`: `payload` encodes the protocol
+    /// message whose key is `key`, which the destination converts into its
+    /// own type.
+    Tell {
+        key: u64,
+        frame: Frame,
+    },
 }
 
 impl WireFrame {
@@ -74,6 +81,7 @@ impl WireFrame {
             WireFrame::Msg(_) => "Msg",
             WireFrame::Heartbeat => "Heartbeat",
             WireFrame::Goodbye => "Goodbye",
+            WireFrame::Tell { .. } => "Tell",
         }
     }
 }

@@ -164,11 +164,15 @@ impl NodeInner {
         let encoded = msg
             .encode()
             .and_then(|payload| {
-                WireFrame::Msg(Frame {
+                let frame = Frame {
                     src: from,
                     dst: to,
                     payload,
-                })
+                };
+                match msg.tag() {
+                    None => WireFrame::Msg(frame),
+                    Some(key) => WireFrame::Tell { key, frame },
+                }
                 .encode()
             })
             .inspect_err(|_| bump(&self.counters.dropped_invalid))?;

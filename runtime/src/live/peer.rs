@@ -143,12 +143,15 @@ async fn read_loop(
                 };
                 seen += 1;
                 match WireFrame::decode(&bytes).map_err(ConnError::Decode)? {
-                    WireFrame::Msg(frame) => deliver(inner, conn, &mut cache, frame).await?,
+                    WireFrame::Msg(frame) => deliver(inner, conn, &mut cache, None, frame).await?,
+                    WireFrame::Tell { key, frame } => {
+                        deliver(inner, conn, &mut cache, Some(key), frame).await?
+                    }
                     WireFrame::Heartbeat => {}
                     WireFrame::Goodbye => return Ok(ConnEnd::Goodbye),
                     other => {
                         return Err(ConnError::Unexpected {
-                            expected: "Msg, Heartbeat or Goodbye",
+                            expected: "Msg, Tell, Heartbeat or Goodbye",
                             got: other.kind(),
                         });
                     }
@@ -166,13 +169,15 @@ async fn read_loop(
     }
 }
 
-/// Decodes one message with its destination's decoder and hands it over.
+/// Decodes one message with its destination's decoder (as the protocol
+/// message `tag` names, for a `Tell`) and hands it over.
 /// A message for an actor that is not here is dropped; one that does not
 /// decode closes the connection (the peer is broken or hostile).
 async fn deliver(
     inner: &NodeInner,
     conn: &Conn,
     cache: &mut FxHashMap<ActorId, Route>,
+    tag: Option<u64>,
     frame: Frame,
 ) -> Result<(), ConnError> {
     let Frame { src, dst, payload } = frame;
@@ -197,8 +202,11 @@ async fn deliver(
     let Some(route) = cache.get(&dst) else {
         return Ok(());
     };
-    let msg =
-        (route.decoder())(&payload).map_err(|source| ConnError::Payload { src, dst, source })?;
+    let msg = (route.decoder())(tag, &payload).map_err(|source| ConnError::Payload {
+        src,
+        dst,
+        source,
+    })?;
     match route.deliver(src, dst, msg).await {
         Ok(()) => {}
         Err(Undelivered::Closed) => {

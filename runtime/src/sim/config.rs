@@ -168,6 +168,39 @@ impl fmt::Display for IoModel {
     }
 }
 
+/// The modelled cost of one payload transfer: a latency, plus its bytes over
+/// a bandwidth. Zero by default (instant, never failing), so a run's
+/// schedule does not depend on transfers unless a scenario prices them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PayloadCost {
+    pub latency: Latency,
+    /// Bytes per second; 0 means unlimited.
+    pub bytes_per_sec: u64,
+    /// Probability that a transfer fails.
+    pub fail: f64,
+}
+
+impl Default for PayloadCost {
+    fn default() -> Self {
+        Self {
+            latency: Latency::Const(0),
+            bytes_per_sec: 0,
+            fail: 0.0,
+        }
+    }
+}
+
+impl PayloadCost {
+    /// Time to move `bytes` at the bandwidth (0 when unlimited).
+    pub fn transfer_time(&self, bytes: u64) -> Nanos {
+        if self.bytes_per_sec == 0 {
+            return 0;
+        }
+        let ns = u128::from(bytes) * 1_000_000_000 / u128::from(self.bytes_per_sec);
+        Nanos::try_from(ns).unwrap_or(Nanos::MAX)
+    }
+}
+
 /// Everything a run depends on besides the actors: with the same config and
 /// the same actors, a run is the same run.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,6 +211,8 @@ pub struct SimConfig {
     /// Within one node.
     pub local_link: LinkModel,
     pub io: IoModel,
+    /// What a payload transfer costs (see [`crate::payload`]).
+    pub payload: PayloadCost,
     /// Encode every message and decode it with the receiver's decoder before
     /// delivering it, so a message that would not survive the wire fails the
     /// run. Costs an encode and a decode per message.
@@ -198,6 +233,7 @@ impl SimConfig {
             default_link: LinkModel::constant(100 * MICROS),
             local_link: LinkModel::instant(),
             io: IoModel::default(),
+            payload: PayloadCost::default(),
             codec_roundtrip: false,
             codec_compare_debug: false,
             max_events: None,
@@ -231,11 +267,14 @@ impl fmt::Display for SimConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed {}; links: remote {}, local {}; {}; codec round-trip {}",
+            "seed {}; links: remote {}, local {}; {}; payloads {} + bytes at {} B/s (fail {}); codec round-trip {}",
             self.seed,
             self.default_link,
             self.local_link,
             self.io,
+            self.payload.latency,
+            self.payload.bytes_per_sec,
+            self.payload.fail,
             if self.codec_roundtrip { "on" } else { "off" }
         )
     }

@@ -304,9 +304,23 @@ impl Sim {
     }
 
     fn start_io(&mut self, me: ActorId, inc: Incarnation, op: Box<dyn ErasedIo>) {
-        let model = *self.cfg.io.get(op.kind());
-        let latency = self.draw.latency(&model.latency);
-        let fail = self.draw.chance(model.fail);
+        let (latency, fail) = match op.payload_bytes() {
+            Some(bytes) => {
+                let cost = self.cfg.payload;
+                let base = self.draw.latency(&cost.latency);
+                (
+                    base.saturating_add(cost.transfer_time(bytes)),
+                    self.draw.chance(cost.fail),
+                )
+            }
+            None => {
+                let model = *self.cfg.io.get(op.kind());
+                (
+                    self.draw.latency(&model.latency),
+                    self.draw.chance(model.fail),
+                )
+            }
+        };
         self.stats.io_started += 1;
         self.agenda.push(
             self.now.saturating_add(latency),

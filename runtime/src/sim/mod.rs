@@ -32,7 +32,7 @@ mod trace;
 mod view;
 mod world;
 
-pub use config::{IoKindModel, IoModel, Latency, LinkModel, SimConfig};
+pub use config::{IoKindModel, IoModel, Latency, LinkModel, PayloadCost, SimConfig};
 pub use error::{SimError, SimFailure};
 pub use faults::{DEFAULT_HORIZON, FaultPlan, TimedFault};
 pub use net::NetStats;

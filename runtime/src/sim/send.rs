@@ -49,7 +49,7 @@ impl Sim {
     fn copy_of(&self, to: ActorId, msg: &dyn ErasedMsg) -> Option<BoxMsg> {
         let decoder = self.slots.get(&to)?.decoder;
         let bytes = msg.encode().ok()?;
-        decoder(&bytes).ok()
+        decoder(msg.tag(), &bytes).ok()
     }
 
     /// Sends `msg` through the codec as the wire would.
@@ -62,7 +62,11 @@ impl Sim {
             // Nobody to decode it: it will be dropped as dead anyway.
             return Ok(msg);
         };
-        let back = (slot.decoder)(&bytes).map_err(|source| SimFailure::Codec { ty, to, source })?;
+        let back = (slot.decoder)(msg.tag(), &bytes).map_err(|source| SimFailure::Codec {
+            ty,
+            to,
+            source,
+        })?;
         if self.cfg.codec_compare_debug {
             let sent = format!("{msg:?}");
             let received = format!("{back:?}");

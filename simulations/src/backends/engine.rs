@@ -14,11 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
-use gyre_actors::sched::proxy::Proxy;
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx};
+use gyre_runtime::{Actor, ActorId, BlobId, Cx, Recipient};
 use rustc_hash::FxHashMap;
 
 use crate::costs::EngineCosts;
@@ -35,7 +33,7 @@ struct InFlight {
     attempt: u32,
     prompt: u64,
     output: u64,
-    reply_to: Addr<Proxy>,
+    reply_to: Recipient<CallEvent>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,7 +61,7 @@ pub struct SimEngine {
     kv: FxHashMap<ExecId, u64>,
     pinned: BTreeMap<ExecId, u64>,
     inflight: BTreeMap<CallId, InFlight>,
-    control: Option<(Addr<Cell>, Version)>,
+    control: Option<(Recipient<EngineEvent>, Version)>,
     stats: EngineStats,
 }
 

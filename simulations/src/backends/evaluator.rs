@@ -4,10 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use gyre_actors::sched::evaluator::Evaluator;
 use gyre_actors::sched::ids::ExecId;
 use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq};
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Cx, Recipient};
 use rand::Rng;
 
 use crate::costs::EvalCosts;
@@ -15,7 +14,7 @@ use crate::costs::EvalCosts;
 #[derive(Debug)]
 pub struct SimEvaluator {
     costs: EvalCosts,
-    pending: BTreeMap<(ExecId, u32), Addr<Evaluator>>,
+    pending: BTreeMap<(ExecId, u32), Recipient<EvalEvent>>,
     pub scored: u64,
     pub failed: u64,
 }

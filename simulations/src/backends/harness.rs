@@ -15,11 +15,10 @@
 //! longer than its own timeout, and every answer it did not expect; and the
 //! realised length and ending of every run, for the lab's reports.
 
-use gyre_actors::sched::execution::{ExecMsg, Execution};
 use gyre_actors::sched::ids::{CallId, ExecId, GroupId};
 use gyre_actors::sched::proto::harness::{HarnessEvent, HarnessOutcome, HarnessReq};
 use gyre_runtime::rng::mix64;
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, MILLIS, Nanos, SECS};
+use gyre_runtime::{Actor, ActorId, BlobId, Cx, MILLIS, Nanos, Recipient, SECS};
 use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
@@ -35,7 +34,7 @@ pub enum HarnessTimer {
 
 #[derive(Debug, Clone, Copy)]
 struct Run {
-    reply_to: Addr<Execution>,
+    reply_to: Recipient<HarnessEvent>,
     group: GroupId,
     begun: Nanos,
     calls_left: u32,
@@ -186,9 +185,9 @@ impl SimHarness {
             self.end(&run, RunEnd::Finished(run.outcome), cx.now());
             cx.send(
                 run.reply_to,
-                ExecMsg::Harness(HarnessEvent::Finished {
+                HarnessEvent::Finished {
                     outcome: run.outcome,
-                }),
+                },
             );
         }
     }
@@ -212,7 +211,7 @@ impl SimHarness {
         &mut self,
         exec: ExecId,
         group: GroupId,
-        reply_to: Addr<Execution>,
+        reply_to: Recipient<HarnessEvent>,
         cx: &mut Cx<'_, Self>,
     ) {
         let now = cx.now();
@@ -317,11 +316,11 @@ impl SimHarness {
         }
         cx.send(
             to,
-            ExecMsg::Harness(HarnessEvent::ModelCall {
+            HarnessEvent::ModelCall {
                 call,
                 prompt_tokens,
                 prompt: BlobId::NONE,
-            }),
+            },
         );
     }
 

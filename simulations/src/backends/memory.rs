@@ -5,9 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Cx, Recipient};
 
 use crate::costs::MemoryCosts;
 
@@ -24,7 +23,7 @@ pub struct SimMemory {
     costs: MemoryCosts,
     resident: BTreeSet<MemRole>,
     next_op: u64,
-    ops: BTreeMap<u64, (MemoryReq, Addr<Cell>)>,
+    ops: BTreeMap<u64, (MemoryReq, Recipient<MemoryEvent>)>,
     stats: MemoryStats,
 }
 

@@ -3,10 +3,11 @@
 //! with pin/export/import, versioned weights) behind the same requests the
 //! simulator's cost model answers.
 //!
-//! A cell (or the standalone pool) gets a [`Front`] whose message type is
-//! `EngineReq`; the front spawns an [`EngineWorker`] that owns the protocol
-//! state and runs every engine operation as one I/O job at a time, so the
-//! same worker is a deterministic state machine under the simulator and a
+//! A cell (or the standalone pool) gets one [`EngineWorker`] actor: its
+//! message enum accepts `EngineReq` (the scheduling plane holds a
+//! `Recipient<EngineReq>` of it) and the completions of its own jobs. It owns
+//! the protocol state and runs every engine operation as one I/O job at a
+//! time, so it is a deterministic state machine under the simulator and a
 //! non-blocking actor on the live host.
 
 mod ops;
@@ -16,16 +17,9 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
-use gyre_actors::sched::proto::engine::EngineReq;
-
-use crate::embedded::Front;
-
 pub use ops::CallKey;
 pub use record::{call_seed, engine_name};
 pub use worker::{EngineWorker, EngineWorkerMsg};
-
-/// What a cell addresses as its inference engine.
-pub type EmbeddedEngine = Front<EngineReq, EngineWorker>;
 
 /// What an engine worker did, for tests and the run summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

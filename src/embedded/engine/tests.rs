@@ -4,19 +4,20 @@
 
 use std::sync::{Arc, Mutex};
 
-use gyre_actors::sched::cell::{Cell, CellMsg};
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq};
 use gyre_actors::sched::proto::payload::Prompt;
-use gyre_actors::sched::proxy::{Proxy, ProxyMsg};
+
 use gyre_actors::trajectory::{CallPurpose, TitoRecord};
 use gyre_gpu::engine::{Completion, Engine, EngineConfig, MemTag, Request};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_runtime::sim::{Sim, SimConfig};
-use gyre_runtime::{ActorId, Addr, BlobId, MILLIS, MemBlobs, NodeId, get_decoded, put_encoded};
+use gyre_runtime::{
+    ActorId, Addr, BlobId, MILLIS, MemBlobs, NodeId, Recipient, get_decoded, put_encoded,
+};
 
 use super::record::{call_seed, request};
-use super::{EmbeddedEngine, EngineStats, EngineWorker};
+use super::{EngineStats, EngineWorker};
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 
 const TESTER: ActorId = ActorId::new(9, 1);
@@ -39,8 +40,8 @@ fn new_engine() -> Engine {
 struct Rig {
     sim: Sim,
     shared: Shared,
-    proxy: Addr<Proxy>,
-    cell: Addr<Cell>,
+    proxy: Recipient<CallEvent>,
+    cell: Recipient<EngineEvent>,
 }
 
 impl Rig {
@@ -50,8 +51,8 @@ impl Rig {
         let mut cfg = SimConfig::new(4);
         cfg.codec_roundtrip = true;
         let mut sim = Sim::new(cfg);
-        let proxy = Addr::new(sim.probe::<ProxyMsg>(NodeId(2)).id());
-        let cell = Addr::new(sim.probe::<CellMsg>(NodeId(2)).id());
+        let proxy = sim.probe::<CallEvent>(NodeId(2)).into();
+        let cell = sim.probe::<EngineEvent>(NodeId(2)).into();
         Rig {
             sim,
             shared,
@@ -60,22 +61,21 @@ impl Rig {
         }
     }
 
-    fn engine(&mut self, ix: EngineIx) -> (Addr<EmbeddedEngine>, EngineHandle) {
+    fn engine(&mut self, ix: EngineIx) -> (Addr<EngineWorker>, EngineHandle) {
         let handle: EngineHandle = Arc::new(Mutex::new(new_engine()));
         let w = EngineWorker::new(ix, handle.clone(), self.shared.clone(), SEED);
-        (self.sim.spawn(NodeId(1), EmbeddedEngine::new(w)), handle)
+        (self.sim.spawn(NodeId(1), w), handle)
     }
 
-    fn worker(&self, front: Addr<EmbeddedEngine>) -> &EngineWorker {
-        let w = self.sim.actor(front).and_then(|f| f.worker()).unwrap();
-        self.sim.actor(w).unwrap()
+    fn worker(&self, engine: Addr<EngineWorker>) -> &EngineWorker {
+        self.sim.actor(engine).unwrap()
     }
 
-    fn stats(&self, front: Addr<EmbeddedEngine>) -> EngineStats {
-        self.worker(front).stats()
+    fn stats(&self, engine: Addr<EngineWorker>) -> EngineStats {
+        self.worker(engine).stats()
     }
 
-    fn serve(&mut self, to: Addr<EmbeddedEngine>, call: CallId, attempt: u32, prompt: BlobId) {
+    fn serve(&mut self, to: Addr<EngineWorker>, call: CallId, attempt: u32, prompt: BlobId) {
         let req = EngineReq::Serve {
             call,
             attempt,
@@ -86,7 +86,7 @@ impl Rig {
         self.sim.inject(TESTER, to, req);
     }
 
-    fn send(&mut self, to: Addr<EmbeddedEngine>, req: EngineReq) {
+    fn send(&mut self, to: Addr<EngineWorker>, req: EngineReq) {
         self.sim.inject(TESTER, to, req);
     }
 
@@ -96,23 +96,17 @@ impl Rig {
 
     fn calls(&mut self) -> Vec<CallEvent> {
         self.sim
-            .take_probe::<ProxyMsg>(Addr::new(self.proxy.id()))
+            .take_probe::<CallEvent>(Addr::new(self.proxy.id()))
             .into_iter()
-            .filter_map(|r| match r.msg {
-                ProxyMsg::Engine(e) => Some(e),
-                _ => None,
-            })
+            .map(|r| r.msg)
             .collect()
     }
 
     fn cell_events(&mut self) -> Vec<EngineEvent> {
         self.sim
-            .take_probe::<CellMsg>(Addr::new(self.cell.id()))
+            .take_probe::<EngineEvent>(Addr::new(self.cell.id()))
             .into_iter()
-            .filter_map(|r| match r.msg {
-                CellMsg::Engine(e) => Some(e),
-                _ => None,
-            })
+            .map(|r| r.msg)
             .collect()
     }
 

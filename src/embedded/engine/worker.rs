@@ -16,13 +16,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use gyre_actors::sched::cell::Cell;
 use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
 use gyre_actors::sched::proto::payload::Prompt;
-use gyre_actors::sched::proxy::Proxy;
 use gyre_gpu::engine::{Engine, PinId, ReqId};
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, Cx, IoError, Nanos, get_decoded, put_encoded};
+use gyre_runtime::{
+    Actor, ActorId, BlobId, Cx, IoError, Nanos, PayloadRead, PayloadWrite, Recipient,
+};
 use serde::{Deserialize, Serialize};
 
 use super::EngineStats;
@@ -40,6 +40,19 @@ pub enum EngineWorkerMsg {
     Req(EngineReq),
     /// The one job in flight finished.
     Job(Result<JobOut, IoError>),
+    /// The prompt of an accepted call, read from its payload.
+    Prompt {
+        key: CallKey,
+        prompt: Result<Prompt, IoError>,
+    },
+    /// A served call's record is written: answer `Done`.
+    Recorded {
+        key: CallKey,
+        reply_to: Recipient<CallEvent>,
+        output_tokens: u64,
+        version: Version,
+        output: Result<BlobId, IoError>,
+    },
 }
 
 impl From<EngineReq> for EngineWorkerMsg {
@@ -51,8 +64,9 @@ impl From<EngineReq> for EngineWorkerMsg {
 /// An accepted call attempt.
 #[derive(Debug)]
 struct Live {
-    reply_to: Addr<Proxy>,
-    prompt: Prompt,
+    reply_to: Recipient<CallEvent>,
+    /// `None` while its payload is being read.
+    prompt: Option<Prompt>,
     start_ns: Nanos,
     /// Its engine request, once submitted.
     req: Option<ReqId>,
@@ -62,20 +76,20 @@ struct Live {
 enum Control {
     Pin {
         execs: Vec<ExecId>,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     Cancel {
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     ReleaseKv {
         execs: Vec<ExecId>,
     },
     Unload {
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     Load {
         version: Version,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     SetWeights {
         version: Version,
@@ -186,7 +200,7 @@ impl EngineWorker {
         &mut self,
         key: CallKey,
         prompt: BlobId,
-        reply_to: Addr<Proxy>,
+        reply_to: Recipient<CallEvent>,
         cx: &mut Cx<'_, Self>,
     ) {
         if !self.is_serving() {
@@ -204,42 +218,52 @@ impl EngineWorker {
             tracing::warn!(call = ?key.call, attempt = key.attempt, "duplicate Serve ignored");
             return;
         }
-        let prompt = match get_decoded::<Prompt>(&*self.shared.blobs, prompt) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(call = ?key.call, error = %e, "unreadable prompt: answered empty");
-                self.stats.bad_prompts += 1;
-                let live = Live {
-                    reply_to,
-                    prompt: empty_prompt(),
-                    start_ns: cx.now(),
-                    req: None,
-                };
-                self.answer(key, live, false, Vec::new(), Vec::new(), self.version, cx);
-                return;
-            }
-        };
         self.calls.insert(
             key,
             Live {
                 reply_to,
-                prompt,
+                prompt: None,
                 start_ns: cx.now(),
                 req: None,
             },
         );
-        self.to_submit.push_back(key);
-        self.kick(cx);
+        let read = PayloadRead::new(self.shared.blobs.clone(), prompt).decoded::<Prompt>();
+        cx.io(read, move |prompt| EngineWorkerMsg::Prompt { key, prompt });
     }
 
-    /// Writes the call's record and answers `Done`. `readable` is false
-    /// when the prompt could not be read (the record then has no input).
-    #[allow(clippy::too_many_arguments)]
+    /// A call's prompt arrived: it queues for the next step, or, unreadable,
+    /// is answered empty. A call cancelled meanwhile is gone already.
+    fn prompt_read(
+        &mut self,
+        key: CallKey,
+        prompt: Result<Prompt, IoError>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        let Some(live) = self.calls.get_mut(&key).filter(|l| l.prompt.is_none()) else {
+            return;
+        };
+        match prompt {
+            Ok(p) => {
+                live.prompt = Some(p);
+                self.to_submit.push_back(key);
+                self.kick(cx);
+            }
+            Err(e) => {
+                tracing::warn!(call = ?key.call, error = %e, "unreadable prompt: answered empty");
+                self.stats.bad_prompts += 1;
+                if let Some(live) = self.calls.remove(&key) {
+                    self.answer(key, live, Vec::new(), Vec::new(), self.version, cx);
+                }
+            }
+        }
+    }
+
+    /// Writes the call's record, then answers `Done`. A call whose prompt
+    /// could not be read has a record without input.
     fn answer(
         &mut self,
         key: CallKey,
         live: Live,
-        readable: bool,
         output: Vec<u32>,
         logprobs: Vec<f32>,
         version: Version,
@@ -252,18 +276,39 @@ impl EngineWorker {
             start_ns: live.start_ns,
             end_ns: cx.now(),
         };
-        let rec = record::tito(&served, readable.then_some(&live.prompt), output, logprobs);
+        let rec = record::tito(&served, live.prompt.as_ref(), output, logprobs);
         let output_tokens = rec.output_ids.len() as u64;
-        let output = match put_encoded(&*self.shared.blobs, &rec) {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::error!(call = ?key.call, error = %e, "record not written");
-                self.stats.errors += 1;
-                BlobId::NONE
-            }
+        let reply_to = live.reply_to;
+        let recorded = move |output| EngineWorkerMsg::Recorded {
+            key,
+            reply_to,
+            output_tokens,
+            version,
+            output,
         };
+        match PayloadWrite::encoded(self.shared.blobs.clone(), &rec) {
+            Ok(write) => cx.io(write, recorded),
+            Err(e) => cx.send_self(recorded(Err(IoError::Failed(e.to_string())))),
+        }
+    }
+
+    /// The record is written (or could not be): answer the proxy.
+    fn recorded(
+        &mut self,
+        key: CallKey,
+        reply_to: Recipient<CallEvent>,
+        output_tokens: u64,
+        version: Version,
+        output: Result<BlobId, IoError>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        let output = output.unwrap_or_else(|e| {
+            tracing::error!(call = ?key.call, error = %e, "record not written");
+            self.stats.errors += 1;
+            BlobId::NONE
+        });
         cx.send(
-            live.reply_to,
+            reply_to,
             CallEvent::Done {
                 call: key.call,
                 attempt: key.attempt,
@@ -347,7 +392,8 @@ impl EngineWorker {
         let mut adopted = Vec::new();
         let mut submits = Vec::new();
         for key in &keys {
-            let Some(live) = self.calls.get(key) else {
+            // Only calls whose prompt is read are ever queued to submit.
+            let Some(prompt) = self.calls.get(key).and_then(|l| l.prompt.as_ref()) else {
                 continue;
             };
             let adopt = self.adopt.remove(&key.call.exec);
@@ -356,7 +402,7 @@ impl EngineWorker {
             }
             submits.push(Submit {
                 key: *key,
-                request: record::request(&live.prompt, record::call_seed(self.seed, key.call)),
+                request: record::request(prompt, record::call_seed(self.seed, key.call)),
                 adopt,
             });
         }
@@ -479,7 +525,7 @@ impl EngineWorker {
                     };
                     tracing::warn!(call = ?key.call, %why, "engine refused the prompt: answered empty");
                     self.stats.bad_prompts += 1;
-                    self.answer(key, live, true, Vec::new(), Vec::new(), self.version, cx);
+                    self.answer(key, live, Vec::new(), Vec::new(), self.version, cx);
                 }
             }
         }
@@ -492,7 +538,7 @@ impl EngineWorker {
             };
             self.stats.served += 1;
             self.stats.output_tokens += f.output.len() as u64;
-            self.answer(key, live, true, f.output, f.logprobs, f.versions.0, cx);
+            self.answer(key, live, f.output, f.logprobs, f.versions.0, cx);
         }
         if let Some(why) = s.failed {
             tracing::error!(engine = ?self.ix, %why, "engine step failed: running calls rejected");
@@ -671,25 +717,10 @@ impl EngineWorker {
     }
 }
 
-/// Stands in for a prompt that could not be read.
-fn empty_prompt() -> Prompt {
-    Prompt {
-        input_ids: Vec::new(),
-        message_ends: Vec::new(),
-        max_new_tokens: 0,
-        stop_tokens: Vec::new(),
-        temperature: 1.0,
-        top_p: 1.0,
-        thread: None,
-        parent_call: None,
-        role: None,
-        purpose: Default::default(),
-    }
-}
-
 impl Actor for EngineWorker {
     type Msg = EngineWorkerMsg;
     type Timer = ();
+    gyre_runtime::accepts!(EngineReq);
 
     fn on_msg(&mut self, _from: ActorId, msg: EngineWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -748,6 +779,14 @@ impl Actor for EngineWorker {
                 }
                 self.kick(cx);
             }
+            EngineWorkerMsg::Prompt { key, prompt } => self.prompt_read(key, prompt, cx),
+            EngineWorkerMsg::Recorded {
+                key,
+                reply_to,
+                output_tokens,
+                version,
+                output,
+            } => self.recorded(key, reply_to, output_tokens, version, output, cx),
         }
     }
 }

@@ -15,12 +15,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gyre_actors::sched::execution::Execution;
 use gyre_actors::sched::ids::{CallId, ExecId, GroupId};
 use gyre_actors::sched::proto::harness::{HarnessEvent, HarnessOutcome, HarnessReq};
 use gyre_actors::sched::proto::payload::Prompt;
 use gyre_actors::trajectory::{CallPurpose, TitoRecord};
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, BlobStore, Cx, get_decoded, put_encoded};
+use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, Recipient, get_decoded, put_encoded};
 
 use super::context::{Context, stop_tokens};
 use super::spec::{TOOL_OK, TOOL_RETRY, TaskConfig, TaskConfigError, target, unit_draw};
@@ -42,7 +41,7 @@ struct Outstanding {
 
 #[derive(Debug)]
 struct Run {
-    reply_to: Addr<Execution>,
+    reply_to: Recipient<HarnessEvent>,
     query: u64,
     target: u32,
     main: Context,
@@ -115,7 +114,7 @@ impl HarnessWorker {
         &mut self,
         exec: ExecId,
         group: GroupId,
-        reply_to: Addr<Execution>,
+        reply_to: Recipient<HarnessEvent>,
         cx: &mut Cx<'_, Self>,
     ) {
         if self.runs.contains_key(&exec) {

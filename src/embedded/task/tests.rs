@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gyre_actors::sched::buffer::{Buffer, BufferMsg};
 use gyre_actors::sched::evaluator::{EvalJob, Evaluator, EvaluatorMsg};
-use gyre_actors::sched::execution::{ExecMsg, ExecStatus, Execution};
+use gyre_actors::sched::execution::{ExecMsg, ExecStatus};
 use gyre_actors::sched::ids::{CallId, ExecId, GroupId};
 use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq};
 use gyre_actors::sched::proto::harness::{HarnessEvent, HarnessOutcome, HarnessReq};
@@ -33,7 +33,7 @@ const VERSION: u64 = 7;
 struct World {
     sim: Sim,
     harness: Addr<HarnessWorker>,
-    exec: Addr<External<ExecMsg>>,
+    exec: Addr<External<HarnessEvent>>,
     blobs: Arc<MemBlobs>,
     board: Arc<Workspaces>,
     context: usize,
@@ -68,7 +68,7 @@ impl World {
         let mut sim = Sim::new(c);
         let worker = HarnessWorker::new(cfg, &shared, board.clone(), seed).unwrap();
         let harness = sim.spawn(N, worker);
-        let exec = sim.probe::<ExecMsg>(N);
+        let exec = sim.probe::<HarnessEvent>(N);
         Self {
             sim,
             harness,
@@ -80,7 +80,7 @@ impl World {
     }
 
     fn begin(&mut self, exec: u64, group: u64) {
-        let reply_to: Addr<Execution> = Addr::new(self.exec.id());
+        let reply_to = self.exec.into();
         self.sim.inject(
             self.exec.id(),
             self.harness,
@@ -123,7 +123,7 @@ impl World {
                 return run;
             }
             for r in got {
-                match r.msg {
+                match ExecMsg::from(r.msg) {
                     ExecMsg::Harness(HarnessEvent::ModelCall {
                         call,
                         prompt_tokens,
@@ -323,8 +323,8 @@ fn rewards_come_from_the_outputs_and_scoring_frees_the_workspace() {
     let eval = w
         .sim
         .spawn(N, EvaluatorWorker::new(cfg, w.board.clone(), 3).unwrap());
-    let reply = w.sim.probe::<EvaluatorMsg>(N);
-    let reply_to: Addr<Evaluator> = Addr::new(reply.id());
+    let reply = w.sim.probe::<EvalEvent>(N);
+    let reply_to = reply.into();
     for attempt in 0..2 {
         w.sim.inject(
             reply.id(),
@@ -337,7 +337,12 @@ fn rewards_come_from_the_outputs_and_scoring_frees_the_workspace() {
         );
         w.sim.run().unwrap();
     }
-    let got: Vec<_> = w.sim.take_probe(reply).into_iter().map(|r| r.msg).collect();
+    let got: Vec<_> = w
+        .sim
+        .take_probe(reply)
+        .into_iter()
+        .map(|r| EvaluatorMsg::from(r.msg))
+        .collect();
     assert!(matches!(
         got[0],
         EvaluatorMsg::Backend(EvalEvent::Scored { reward, attempt: 0, .. }) if reward == 0.5

@@ -54,7 +54,7 @@ impl Cell {
             routes_moved: false,
             stage: DrainStage::Preparing,
         });
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(self.links.engine, EngineReq::StopAdmitting { reply_to });
     }
 
@@ -75,7 +75,7 @@ impl Cell {
         if matches!(d.stage, DrainStage::Preparing) && d.admission_stopped && d.routes_moved {
             d.stage = DrainStage::Pinning;
             let execs = d.moves.iter().map(|m| m.exec).collect();
-            let reply_to = cx.me();
+            let reply_to = cx.recipient();
             cx.send(self.links.engine, EngineReq::PinKv { execs, reply_to });
         }
     }
@@ -98,7 +98,7 @@ impl Cell {
                 CellMsg::TakeOver {
                     switch: d.switch,
                     kv,
-                    source: me,
+                    source: me.into(),
                 },
             );
         }
@@ -139,16 +139,16 @@ impl Cell {
             switch: d.switch,
             stage: Stage::Unloading,
         };
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(self.links.engine, EngineReq::Unload { reply_to });
     }
 
     fn memory(
         &mut self,
-        req: impl FnOnce(gyre_runtime::Addr<Cell>) -> MemoryReq,
+        req: impl FnOnce(gyre_runtime::Recipient<MemoryEvent>) -> MemoryReq,
         cx: &mut Cx<'_, Self>,
     ) {
-        let me = cx.me();
+        let me = cx.recipient();
         match self.links.memory {
             Some(port) => cx.send(port, req(me)),
             None => self.unexpected("memory without a device"),
@@ -165,7 +165,7 @@ impl Cell {
                 if matches!(d.stage, DrainStage::Pinning) =>
             {
                 d.stage = DrainStage::Cancelling { pinned: blocks };
-                let reply_to = cx.me();
+                let reply_to = cx.recipient();
                 cx.send(self.links.engine, EngineReq::CancelAll { reply_to });
             }
             (EngineEvent::CancelComplete { .. }, Phase::Draining(d)) => {
@@ -280,7 +280,7 @@ impl Cell {
                 Phase::Returning { stage, .. },
             ) if *stage == Stage::RestoringRollout => {
                 *stage = Stage::Loading;
-                let reply_to = cx.me();
+                let reply_to = cx.recipient();
                 cx.send(
                     self.links.engine,
                     EngineReq::Load {

@@ -27,85 +27,18 @@ use gyre_runtime::{Actor, ActorId, Addr, Cx};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::core::Core;
-use crate::sched::ids::{EngineIx, ExecId, MicroStepId, Step, SwitchId, Version};
+use crate::sched::ids::{EngineIx, MicroStepId, Step, SwitchId, Version};
 use crate::sched::proto::Port;
-use crate::sched::proto::engine::{EngineEvent, EngineReq, KvBlocks};
+use crate::sched::proto::engine::{EngineEvent, EngineReq};
 use crate::sched::proto::memory::{MemoryEvent, MemoryReq};
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
-use crate::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
-use crate::sched::queue::{MicroQueue, MicroStep};
+use crate::sched::proto::transfer::{TransferEvent, TransferReq};
+use crate::sched::queue::MicroQueue;
 use crate::sched::scheduler::Scheduler;
 
+pub use crate::sched::msg::cell::{CellMsg, Move};
 pub use drain::Drain;
 pub use train::Train;
-
-/// An execution leaving a switching cell, and the cell that takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Move {
-    pub exec: ExecId,
-    pub dest: EngineIx,
-    pub dest_cell: Addr<Cell>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum CellMsg {
-    /// From the scheduler: go to training; these executions leave.
-    Switch {
-        switch: SwitchId,
-        moves: Vec<Move>,
-    },
-    /// From the scheduler: go back to rollout serving `version`.
-    Return {
-        switch: SwitchId,
-        version: Version,
-    },
-    /// From the scheduler: a publication.
-    Weights {
-        version: Version,
-    },
-    /// From the proxy: the reroutes of `switch` are in place.
-    RoutesMoved {
-        switch: SwitchId,
-    },
-    /// From a switching cell: take over `kv` of an execution moving here.
-    TakeOver {
-        switch: SwitchId,
-        kv: KvBlocks,
-        source: Addr<Cell>,
-    },
-    /// From a destination cell: it holds the blocks now.
-    TakenOver {
-        switch: SwitchId,
-        exec: ExecId,
-    },
-    /// From the core: train `step` (reading `snapshot` first if given).
-    Batch {
-        step: Step,
-        snapshot: Option<Segment>,
-    },
-    /// From the queue.
-    Grant {
-        mstep: MicroStep,
-    },
-    StreamEnd {
-        step: Step,
-    },
-    Engine(EngineEvent),
-    Memory(MemoryEvent),
-    Trainer(TrainerEvent),
-    Transfer(TransferEvent),
-}
-
-macro_rules! from_event {
-    ($($t:ident => $v:ident),*) => {$(
-        impl From<$t> for CellMsg {
-            fn from(e: $t) -> Self {
-                CellMsg::$v(e)
-            }
-        }
-    )*};
-}
-from_event!(EngineEvent => Engine, MemoryEvent => Memory, TrainerEvent => Trainer, TransferEvent => Transfer);
 
 /// The role a cell reports, for invariants and traces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +210,7 @@ impl Cell {
 impl Actor for Cell {
     type Msg = CellMsg;
     type Timer = ();
+    gyre_runtime::accepts!(EngineEvent, MemoryEvent, TrainerEvent, TransferEvent);
 
     fn on_msg(&mut self, _from: ActorId, msg: CellMsg, cx: &mut Cx<'_, Self>) {
         match msg {

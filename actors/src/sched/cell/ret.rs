@@ -33,7 +33,7 @@ impl Cell {
             switch,
             stage: Stage::FreeingTraining,
         };
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         match self.links.memory {
             Some(port) => cx.send(
                 port,

@@ -6,7 +6,7 @@
 //! a source never waits forever, even if this cell has since left rollout
 //! (then the blocks are simply not adopted).
 
-use gyre_runtime::{Addr, Cx};
+use gyre_runtime::{Cx, Recipient};
 
 use super::{Cell, CellMsg, Phase};
 use crate::sched::ids::SwitchId;
@@ -18,10 +18,10 @@ impl Cell {
         &mut self,
         switch: SwitchId,
         kv: KvBlocks,
-        source: Addr<Cell>,
+        source: Recipient<CellMsg>,
         cx: &mut Cx<'_, Self>,
     ) {
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(
             self.links.transfer,
             TransferReq::Read {

@@ -38,7 +38,7 @@ impl Cell {
         match snapshot {
             Some(seg) => {
                 self.phase = Phase::Syncing { step, joining };
-                let reply_to = cx.me();
+                let reply_to = cx.recipient();
                 cx.send(
                     self.links.transfer,
                     TransferReq::Read {
@@ -91,7 +91,7 @@ impl Cell {
     }
 
     fn claim(&self, step: Step, cx: &mut Cx<'_, Self>) {
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         cx.send(
             self.links.queue,
             QueueMsg::Claim {
@@ -110,7 +110,7 @@ impl Cell {
     }
 
     fn compute(&mut self, m: MicroStep, cx: &mut Cx<'_, Self>) {
-        let reply_to = cx.me();
+        let reply_to = cx.recipient();
         self.trainer(
             TrainerReq::FwdBwd {
                 mstep: m.id,
@@ -135,7 +135,7 @@ impl Cell {
             t.stash = Some(m);
             let step = t.step;
             self.stats.warmups += 1;
-            let reply_to = cx.me();
+            let reply_to = cx.recipient();
             self.trainer(TrainerReq::Warmup { step, reply_to }, cx);
         }
     }
@@ -149,7 +149,7 @@ impl Cell {
         }
         if t.warm {
             t.draining = true;
-            let reply_to = cx.me();
+            let reply_to = cx.recipient();
             self.trainer(TrainerReq::Drain { step, reply_to }, cx);
         } else {
             self.finish_batch(cx);

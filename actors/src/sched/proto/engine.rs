@@ -4,10 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::cell::Cell;
 use crate::sched::ids::{CallId, EngineIx, ExecId, Version};
-use crate::sched::proxy::Proxy;
-use gyre_runtime::{Addr, BlobId};
+use gyre_runtime::{BlobId, Recipient};
 
 /// Pinned KV-cache blocks of one execution's prefix, readable by another
 /// engine through the transfer engine until released.
@@ -27,27 +25,27 @@ pub enum EngineReq {
         attempt: u32,
         prompt_tokens: u64,
         prompt: BlobId,
-        reply_to: Addr<Proxy>,
+        reply_to: Recipient<CallEvent>,
     },
     /// Refuse new calls from now on (SPEC 2.5 step 1).
-    StopAdmitting { reply_to: Addr<Cell> },
+    StopAdmitting { reply_to: Recipient<EngineEvent> },
     /// Pin the cache blocks of these executions (step 4, before cancelling).
     PinKv {
         execs: Vec<ExecId>,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     /// Cancel every unfinished call; cache writes stop (step 3).
-    CancelAll { reply_to: Addr<Cell> },
+    CancelAll { reply_to: Recipient<EngineEvent> },
     /// Blocks read from another engine now back this execution's prefix.
     AdoptKv { exec: ExecId, tokens: u64 },
     /// The destination acknowledged: drop the pins.
     ReleaseKv { execs: Vec<ExecId> },
     /// Unload rollout weights and free the KV cache (step 5).
-    Unload { reply_to: Addr<Cell> },
+    Unload { reply_to: Recipient<EngineEvent> },
     /// Load the published weights and serve again.
     Load {
         version: Version,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<EngineEvent>,
     },
     /// A publication: serve `version` from now on.
     SetWeights { version: Version },

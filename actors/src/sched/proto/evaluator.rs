@@ -4,16 +4,15 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::evaluator::Evaluator;
 use crate::sched::ids::ExecId;
-use gyre_runtime::Addr;
+use gyre_runtime::Recipient;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum EvalReq {
     Score {
         exec: ExecId,
         attempt: u32,
-        reply_to: Addr<Evaluator>,
+        reply_to: Recipient<EvalEvent>,
     },
 }
 

@@ -5,9 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::execution::Execution;
 use crate::sched::ids::{CallId, ExecId, GroupId};
-use gyre_runtime::{Addr, BlobId};
+use gyre_runtime::{BlobId, Recipient};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum HarnessReq {
@@ -15,7 +14,7 @@ pub enum HarnessReq {
     Begin {
         exec: ExecId,
         group: GroupId,
-        reply_to: Addr<Execution>,
+        reply_to: Recipient<HarnessEvent>,
     },
     /// The answer to one model call; `output` holds its TITO record
     /// (see [`super::payload`]).

@@ -4,8 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::cell::Cell;
-use gyre_runtime::Addr;
+use gyre_runtime::Recipient;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum MemRole {
@@ -17,8 +16,14 @@ pub enum MemRole {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum MemoryReq {
-    Release { role: MemRole, reply_to: Addr<Cell> },
-    Restore { role: MemRole, reply_to: Addr<Cell> },
+    Release {
+        role: MemRole,
+        reply_to: Recipient<MemoryEvent>,
+    },
+    Restore {
+        role: MemRole,
+        reply_to: Recipient<MemoryEvent>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]

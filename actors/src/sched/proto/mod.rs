@@ -2,9 +2,9 @@
 //!
 //! An actor addresses a backend by its protocol, a [`Port`], not by the type
 //! that implements it, so a simulated engine (simulations/) and a live one
-//! answer the same requests. Each request carries the typed address of the
-//! actor to answer; answers are events the asking actor's message enum
-//! converts from.
+//! answer the same requests. Each request carries a `Recipient` of its
+//! answer type (events the asking actor's message enum converts from and
+//! lists in its `accepts!` table), so no protocol here imports an actor.
 
 pub mod engine;
 pub mod evaluator;
@@ -14,12 +14,12 @@ pub mod payload;
 pub mod trainer;
 pub mod transfer;
 
-use gyre_runtime::{Actor, Addr, External};
+use gyre_runtime::{Actor, Addr, Recipient};
 
-/// The address of whatever actor speaks protocol `M` (its `Msg` is `M`).
-pub type Port<M> = Addr<External<M>>;
+/// The address of whatever actor accepts protocol `M`.
+pub type Port<M> = Recipient<M>;
 
-/// The port of a hosted backend actor.
+/// The port of a hosted backend actor whose message type is its protocol.
 pub fn port<A: Actor>(addr: Addr<A>) -> Port<A::Msg> {
-    Addr::new(addr.id())
+    Recipient::of(addr)
 }

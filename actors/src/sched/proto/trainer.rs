@@ -3,15 +3,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::cell::Cell;
-use crate::sched::core::Core;
 use crate::sched::ids::{MicroStepId, Step};
-use gyre_runtime::{Addr, BlobId};
+use gyre_runtime::{BlobId, Recipient};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum TrainerReq {
     /// Fill the one-forward-one-backward pipeline: once per batch.
-    Warmup { step: Step, reply_to: Addr<Cell> },
+    Warmup {
+        step: Step,
+        reply_to: Recipient<TrainerEvent>,
+    },
     /// Forward and backward over one micro-step; gradients accumulate.
     FwdBwd {
         mstep: MicroStepId,
@@ -19,30 +20,36 @@ pub enum TrainerReq {
         /// The micro-step's [`super::payload::MicroStepRows`]; released by
         /// the trainer once computed.
         rows: BlobId,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<TrainerEvent>,
     },
     /// Drain the pipeline: once per batch, after the stream closed.
-    Drain { step: Step, reply_to: Addr<Cell> },
+    Drain {
+        step: Step,
+        reply_to: Recipient<TrainerEvent>,
+    },
     /// Build the communication groups of these prefix sizes, up front.
     BuildGroups {
         prefixes: Vec<u32>,
-        reply_to: Addr<Core>,
+        reply_to: Recipient<TrainerEvent>,
     },
     /// Gather and normalise the gradients of the prefix {0..members−1}.
     Reduce {
         step: Step,
         members: u32,
         group: Option<u32>,
-        reply_to: Addr<Core>,
+        reply_to: Recipient<TrainerEvent>,
     },
     /// Clip and apply one optimizer update.
-    Update { step: Step, reply_to: Addr<Core> },
+    Update {
+        step: Step,
+        reply_to: Recipient<TrainerEvent>,
+    },
     /// Send the new parameters to the satellites of the prefix.
     Broadcast {
         step: Step,
         members: u32,
         group: Option<u32>,
-        reply_to: Addr<Core>,
+        reply_to: Recipient<TrainerEvent>,
     },
 }
 

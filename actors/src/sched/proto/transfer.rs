@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::cell::Cell;
-use crate::sched::core::Core;
 use crate::sched::ids::{ExecId, Step, SwitchId, Version};
-use gyre_runtime::Addr;
+use gyre_runtime::Recipient;
+
+use crate::sched::msg::cell::CellMsg;
 
 /// A registered buffer another party may read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,7 +26,7 @@ pub enum ReadTag {
         switch: SwitchId,
         exec: ExecId,
         tokens: u64,
-        source: Addr<Cell>,
+        source: Recipient<CellMsg>,
     },
     /// The core's weights, to train step `step`.
     Snapshot { step: Step, version: Version },
@@ -37,19 +37,19 @@ pub enum TransferReq {
     /// Register the buffer holding the authoritative weights.
     Expose {
         version: Version,
-        reply_to: Addr<Core>,
+        reply_to: Recipient<TransferEvent>,
     },
     /// Read `bytes` from a segment into the reader's memory.
     Read {
         tag: ReadTag,
         bytes: u64,
-        reply_to: Addr<Cell>,
+        reply_to: Recipient<TransferEvent>,
     },
     /// Push `version` to `engines` rollout engines.
     Publish {
         version: Version,
         engines: u32,
-        reply_to: Addr<Core>,
+        reply_to: Recipient<TransferEvent>,
     },
 }
 

@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use gyre_runtime::{Actor, ActorId, Addr, BlobStore, Cx, Nanos};
-use serde::{Deserialize, Serialize};
 
 use crate::sched::Policy;
 use crate::sched::buffer::Buffer;
@@ -27,9 +26,10 @@ use crate::sched::cell::{Cell, CellLinks};
 use crate::sched::config::{ConfigError, Derived, SampleMode, SchedConfig};
 use crate::sched::core::{Core, CoreConfig, CoreLinks};
 use crate::sched::evaluator::Evaluator;
-use crate::sched::execution::{ExecStatus, Execution};
+use crate::sched::execution::Execution;
 use crate::sched::ids::{EngineIx, ExecId, Step, SwitchId, Version};
 use crate::sched::maths::{Counters, Dispatcher, Ledger, Role, SupplyCheck};
+pub use crate::sched::msg::scheduler::SchedMsg;
 use crate::sched::packer::{Packer, PackerConfig, PackerLinks};
 use crate::sched::proto::Port;
 use crate::sched::proto::engine::EngineReq;
@@ -83,25 +83,6 @@ impl Peers {
             EngineIx::Cell(c) => self.cells.get(c as usize).copied(),
         }
     }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum SchedMsg {
-    /// From an execution: it terminated (f += 1).
-    Closed { exec: ExecId, status: ExecStatus },
-    /// From a cell: training memory is resident.
-    Switched { cell: u32, switch: SwitchId },
-    /// From a cell: it holds the core's weights and trains; the transition
-    /// is complete.
-    Joined { cell: u32, switch: SwitchId },
-    /// From a cell: its engine serves again.
-    Returned { cell: u32, switch: SwitchId },
-    /// From the packer: the supply of the batch being filled.
-    Supply { step: Step, value: u64 },
-    /// From the core: a non-final step of a burst is done.
-    StepDone { step: Step },
-    /// From the core: the final step of a burst is done and published.
-    Published { step: Step, version: Version },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -147,7 +147,7 @@ impl Scheduler {
                     Some(Move {
                         exec: m.exec,
                         dest: m.to,
-                        dest_cell: peers.cell_of(m.to)?,
+                        dest_cell: peers.cell_of(m.to)?.into(),
                     })
                 })
                 .collect();
@@ -157,7 +157,7 @@ impl Scheduler {
                 ProxyMsg::Reroute {
                     switch,
                     moves: reroutes,
-                    notify: addr,
+                    notify: addr.into(),
                 },
             );
             cx.send(
@@ -190,7 +190,7 @@ impl Scheduler {
                 let members = self
                     .group
                     .iter()
-                    .map(|c| (*c, peers.cells[*c as usize]))
+                    .map(|c| (*c, peers.cells[*c as usize].into()))
                     .collect();
                 self.group.clear();
                 self.group_switched.clear();
@@ -209,7 +209,7 @@ impl Scheduler {
                 CoreMsg::Activate {
                     step,
                     burst,
-                    members: vec![(0, peers.cells[0])],
+                    members: vec![(0, peers.cells[0].into())],
                 },
             );
         } else {
@@ -217,7 +217,7 @@ impl Scheduler {
                 peers.core,
                 CoreMsg::Join {
                     cell,
-                    addr: peers.cells[cell as usize],
+                    addr: peers.cells[cell as usize].into(),
                     burst,
                 },
             );

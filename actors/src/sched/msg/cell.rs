@@ -1,0 +1,81 @@
+//! What a cell hears: the scheduler's role changes, the proxy's and other
+//! cells' hand-over steps, the core's batches, the queue's grants and its
+//! backends' events.
+
+use gyre_runtime::Recipient;
+use serde::{Deserialize, Serialize};
+
+use crate::sched::ids::{EngineIx, ExecId, Step, SwitchId, Version};
+use crate::sched::msg::queue::MicroStep;
+use crate::sched::proto::engine::{EngineEvent, KvBlocks};
+use crate::sched::proto::memory::MemoryEvent;
+use crate::sched::proto::trainer::TrainerEvent;
+use crate::sched::proto::transfer::{Segment, TransferEvent};
+
+/// An execution leaving a switching cell, and the cell that takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    pub exec: ExecId,
+    pub dest: EngineIx,
+    pub dest_cell: Recipient<CellMsg>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum CellMsg {
+    /// From the scheduler: go to training; these executions leave.
+    Switch {
+        switch: SwitchId,
+        moves: Vec<Move>,
+    },
+    /// From the scheduler: go back to rollout serving `version`.
+    Return {
+        switch: SwitchId,
+        version: Version,
+    },
+    /// From the scheduler: a publication.
+    Weights {
+        version: Version,
+    },
+    /// From the proxy: the reroutes of `switch` are in place.
+    RoutesMoved {
+        switch: SwitchId,
+    },
+    /// From a switching cell: take over `kv` of an execution moving here.
+    TakeOver {
+        switch: SwitchId,
+        kv: KvBlocks,
+        source: Recipient<CellMsg>,
+    },
+    /// From a destination cell: it holds the blocks now.
+    TakenOver {
+        switch: SwitchId,
+        exec: ExecId,
+    },
+    /// From the core: train `step` (reading `snapshot` first if given).
+    Batch {
+        step: Step,
+        snapshot: Option<Segment>,
+    },
+    /// From the queue.
+    Grant {
+        mstep: MicroStep,
+    },
+    StreamEnd {
+        step: Step,
+    },
+    Engine(EngineEvent),
+    Memory(MemoryEvent),
+    Trainer(TrainerEvent),
+    Transfer(TransferEvent),
+}
+
+macro_rules! from_event {
+    ($($t:ident => $v:ident),*) => {$(
+        impl From<$t> for CellMsg {
+            fn from(e: $t) -> Self {
+                CellMsg::$v(e)
+            }
+        }
+    )*};
+}
+from_event!(EngineEvent => Engine, MemoryEvent => Memory, TrainerEvent => Trainer, TransferEvent => Transfer);

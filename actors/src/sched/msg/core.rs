@@ -1,0 +1,81 @@
+//! The core optimizer owner's messages, and the record of what a step
+//! consumed.
+
+use gyre_runtime::Recipient;
+use serde::{Deserialize, Serialize};
+
+use crate::sched::ids::{GroupId, MicroStepId, Step, Version};
+use crate::sched::msg::cell::CellMsg;
+use crate::sched::msg::packer::PackerMsg;
+use crate::sched::proto::trainer::TrainerEvent;
+use crate::sched::proto::transfer::TransferEvent;
+
+/// One group as a training step consumed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainedGroup {
+    pub group: GroupId,
+    /// v_d: the published version when the group was dispatched.
+    pub v_d: Version,
+    pub tokens: u64,
+    pub micro_steps: u32,
+}
+
+/// What one optimizer update consumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub step: Step,
+    /// Size of the training prefix that reduced gradients.
+    pub members: u32,
+    pub groups: Vec<TrainedGroup>,
+    pub micro_steps: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum CoreMsg {
+    /// From the scheduler: cell 0 entered training; train `step` with
+    /// `members` (cell 0 first; the others join once they hold the weights).
+    Activate {
+        step: Step,
+        burst: u64,
+        members: Vec<(u32, Recipient<CellMsg>)>,
+    },
+    /// From the scheduler: a satellite switched and wants to join.
+    Join {
+        cell: u32,
+        addr: Recipient<CellMsg>,
+        burst: u64,
+    },
+    /// From the scheduler, after a publication: stay and train `burst`.
+    Continue {
+        burst: u64,
+    },
+    /// From the scheduler: the core returns to rollout.
+    Leave,
+    /// From the packer: the batch's groups and micro-steps, all enqueued.
+    BatchSealed {
+        step: Step,
+        groups: Vec<TrainedGroup>,
+        micro_steps: Vec<MicroStepId>,
+        packer: Recipient<PackerMsg>,
+    },
+    /// From a member: its share of the batch is computed and drained.
+    BatchDone {
+        step: Step,
+        cell: u32,
+        consumed: Vec<MicroStepId>,
+    },
+    Trainer(TrainerEvent),
+    Transfer(TransferEvent),
+}
+
+impl From<TrainerEvent> for CoreMsg {
+    fn from(e: TrainerEvent) -> Self {
+        CoreMsg::Trainer(e)
+    }
+}
+
+impl From<TransferEvent> for CoreMsg {
+    fn from(e: TransferEvent) -> Self {
+        CoreMsg::Transfer(e)
+    }
+}

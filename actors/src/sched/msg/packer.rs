@@ -1,0 +1,32 @@
+//! The stream packer's messages.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sched::ids::{ExecId, GroupId, MicroStepId, Step, Version};
+use crate::sched::samples::Sample;
+use crate::trajectory::TitoRecord;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PackerMsg {
+    /// From the buffer: a group became ready.
+    Ready { group: GroupId, v_d: Version },
+    /// From the buffer: the group asked for.
+    Taken {
+        group: GroupId,
+        v_d: Version,
+        samples: Vec<Sample>,
+    },
+    /// From the buffer: the group asked for could not be handed over.
+    NotReady { group: GroupId },
+    /// From the queue: a training cell claimed this micro-step.
+    Claimed { id: MicroStepId, group: GroupId },
+    /// From the core: the update of `step` is done.
+    Trained { step: Step },
+    /// From the proxy: one recorded model call of `exec`, for a recorded
+    /// sample source. Records must arrive before the group is taken.
+    Record {
+        exec: ExecId,
+        group: GroupId,
+        record: Box<TitoRecord>,
+    },
+}

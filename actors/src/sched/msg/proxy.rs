@@ -1,0 +1,47 @@
+//! The proxy router's messages: routes from the scheduler, model calls
+//! from executions, answers from engines.
+
+use gyre_runtime::{BlobId, Recipient};
+use serde::{Deserialize, Serialize};
+
+use crate::sched::ids::{CallId, EngineIx, ExecId, SwitchId};
+use crate::sched::msg::cell::CellMsg;
+use crate::sched::msg::execution::ExecMsg;
+use crate::sched::proto::engine::CallEvent;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ProxyMsg {
+    /// From the scheduler: a started execution is served by `engine`.
+    Route {
+        exec: ExecId,
+        engine: EngineIx,
+    },
+    /// From the scheduler: these executions move (a cell is switching);
+    /// acknowledged to `notify` once the routes are in place.
+    Reroute {
+        switch: SwitchId,
+        moves: Vec<(ExecId, EngineIx)>,
+        notify: Recipient<CellMsg>,
+    },
+    /// From an execution that closed.
+    Forget {
+        exec: ExecId,
+    },
+    /// From an execution: one model call.
+    Call {
+        call: CallId,
+        prompt_tokens: u64,
+        prompt: BlobId,
+        reply_to: Recipient<ExecMsg>,
+    },
+    Engine(CallEvent),
+    /// The record of a stale attempt was freed (the release is an effect,
+    /// and this its completion); nothing follows from it.
+    Released,
+}
+
+impl From<CallEvent> for ProxyMsg {
+    fn from(e: CallEvent) -> Self {
+        ProxyMsg::Engine(e)
+    }
+}

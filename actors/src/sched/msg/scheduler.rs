@@ -1,0 +1,26 @@
+//! The scheduler's messages: what executions, cells, the packer and the
+//! core report.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sched::ids::{ExecId, Step, SwitchId, Version};
+use crate::sched::msg::execution::ExecStatus;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum SchedMsg {
+    /// From an execution: it terminated (f += 1).
+    Closed { exec: ExecId, status: ExecStatus },
+    /// From a cell: training memory is resident.
+    Switched { cell: u32, switch: SwitchId },
+    /// From a cell: it holds the core's weights and trains; the transition
+    /// is complete.
+    Joined { cell: u32, switch: SwitchId },
+    /// From a cell: its engine serves again.
+    Returned { cell: u32, switch: SwitchId },
+    /// From the packer: the supply of the batch being filled.
+    Supply { step: Step, value: u64 },
+    /// From the core: a non-final step of a burst is done.
+    StepDone { step: Step },
+    /// From the core: the final step of a burst is done and published.
+    Published { step: Step, version: Version },
+}

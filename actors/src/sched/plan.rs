@@ -1,0 +1,188 @@
+//! One cluster plan for every world: where each backend and the scheduler
+//! live, and the order they are spawned in.
+//!
+//! The simulation lab and the embedded cluster differ only in their
+//! backends (cost models or the real policy), so the topology is written
+//! once here and each world supplies a [`BackendFactory`]. The spawn order
+//! is fixed (per cell: engine, trainer, device memory; then the pool's
+//! engine, the transfer engine, the harness, the evaluator, the scheduler),
+//! because actor ids, and with them every random stream, follow it.
+//!
+//! Node layout: 0 the scheduler and the actors it spawns (proxy, buffer,
+//! evaluator, packer, queue, core, cells, executions); 10 + c cell c's
+//! engine, trainer and device memory; 5 the pool's engine; 2 the transfer
+//! engine; 3 the harness backend; 4 the evaluator backend.
+
+use std::sync::Arc;
+
+use gyre_runtime::sim::Sim;
+use gyre_runtime::{Actor, Addr, BlobStore, NodeId, Recipient};
+
+use crate::sched::config::{ConfigError, SchedConfig};
+use crate::sched::proto::engine::EngineReq;
+use crate::sched::proto::evaluator::EvalReq;
+use crate::sched::proto::harness::HarnessReq;
+use crate::sched::proto::memory::MemoryReq;
+use crate::sched::proto::trainer::TrainerReq;
+use crate::sched::proto::transfer::TransferReq;
+use crate::sched::scheduler::{Backends, Scheduler};
+
+/// Where a cluster's actors are spawned: the simulator, or a live node
+/// (which hosts every actor itself and ignores the node).
+pub trait Host {
+    fn spawn<A: Actor>(&mut self, node: NodeId, actor: A) -> Addr<A>;
+}
+
+impl Host for Sim {
+    fn spawn<A: Actor>(&mut self, node: NodeId, actor: A) -> Addr<A> {
+        Sim::spawn(self, node, actor)
+    }
+}
+
+/// The nodes of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterPlan {
+    pub sched: NodeId,
+    /// One node per cell, in cell order.
+    pub cells: Vec<NodeId>,
+    /// The standalone pool's engine, if the pool has slots.
+    pub pool: Option<NodeId>,
+    pub transfer: NodeId,
+    pub harness: NodeId,
+    pub evaluator: NodeId,
+}
+
+impl ClusterPlan {
+    /// The layout for `sched`'s cells and pool.
+    pub fn for_config(sched: &SchedConfig) -> Self {
+        Self {
+            sched: NodeId(0),
+            cells: (0..sched.cells).map(|c| NodeId(10 + c)).collect(),
+            pool: (sched.pool_capacity > 0).then_some(NodeId(5)),
+            transfer: NodeId(2),
+            harness: NodeId(3),
+            evaluator: NodeId(4),
+        }
+    }
+}
+
+/// A cell's three backends.
+pub struct CellBackends<F: BackendFactory + ?Sized> {
+    pub engine: F::Engine,
+    pub trainer: F::Trainer,
+    pub memory: F::Memory,
+}
+
+/// Makes one world's backends. Each answers its protocol (its message
+/// enum accepts the protocol's requests).
+pub trait BackendFactory {
+    type Engine: Actor<Msg: From<EngineReq>>;
+    type Trainer: Actor<Msg: From<TrainerReq>>;
+    type Memory: Actor<Msg: From<MemoryReq>>;
+    type Transfer: Actor<Msg: From<TransferReq>>;
+    type Harness: Actor<Msg: From<HarnessReq>>;
+    type Evaluator: Actor<Msg: From<EvalReq>>;
+    type Error: From<ConfigError>;
+
+    /// Cell `cell`'s engine (with `slots` execution slots), trainer and
+    /// device memory.
+    fn cell(&mut self, cell: u32, slots: u32) -> Result<CellBackends<Self>, Self::Error>;
+    /// The standalone pool's engine.
+    fn pool(&mut self, slots: u32) -> Result<Self::Engine, Self::Error>;
+    fn transfer(&mut self) -> Result<Self::Transfer, Self::Error>;
+    fn harness(&mut self) -> Result<Self::Harness, Self::Error>;
+    fn evaluator(&mut self) -> Result<Self::Evaluator, Self::Error>;
+    /// Bytes of KV cache per token, for transfer sizes.
+    fn kv_bytes_per_token(&self) -> u64;
+    /// Where payloads live, if the backends send any.
+    fn blobs(&self) -> Option<Arc<dyn BlobStore>>;
+}
+
+/// The backends of a built cluster, for reading their state.
+pub struct PlacedBackends<F: BackendFactory> {
+    pub engines: Vec<Addr<F::Engine>>,
+    pub pool: Option<Addr<F::Engine>>,
+    pub trainers: Vec<Addr<F::Trainer>>,
+    pub memories: Vec<Addr<F::Memory>>,
+    pub transfer: Addr<F::Transfer>,
+    pub harness: Addr<F::Harness>,
+    pub evaluator: Addr<F::Evaluator>,
+}
+
+impl<F: BackendFactory> Clone for PlacedBackends<F> {
+    fn clone(&self) -> Self {
+        Self {
+            engines: self.engines.clone(),
+            pool: self.pool,
+            trainers: self.trainers.clone(),
+            memories: self.memories.clone(),
+            transfer: self.transfer,
+            harness: self.harness,
+            evaluator: self.evaluator,
+        }
+    }
+}
+
+impl<F: BackendFactory> std::fmt::Debug for PlacedBackends<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlacedBackends")
+            .field("engines", &self.engines)
+            .field("pool", &self.pool)
+            .field("trainers", &self.trainers)
+            .field("memories", &self.memories)
+            .field("transfer", &self.transfer)
+            .field("harness", &self.harness)
+            .field("evaluator", &self.evaluator)
+            .finish()
+    }
+}
+
+/// Spawns `factory`'s backends and the scheduler for `sched` on `host`,
+/// as `plan` places them.
+pub fn place<F: BackendFactory, H: Host>(
+    plan: &ClusterPlan,
+    sched: &SchedConfig,
+    host: &mut H,
+    factory: &mut F,
+) -> Result<(Addr<Scheduler>, PlacedBackends<F>), F::Error> {
+    sched.validate()?;
+    let (mut engines, mut trainers, mut memories) = (Vec::new(), Vec::new(), Vec::new());
+    for (c, &node) in (0u32..).zip(&plan.cells) {
+        let cell = factory.cell(c, sched.cell_capacity)?;
+        engines.push(host.spawn(node, cell.engine));
+        trainers.push(host.spawn(node, cell.trainer));
+        memories.push(host.spawn(node, cell.memory));
+    }
+    let pool = match plan.pool {
+        Some(node) => Some(host.spawn(node, factory.pool(sched.pool_capacity)?)),
+        None => None,
+    };
+    let transfer = host.spawn(plan.transfer, factory.transfer()?);
+    let harness = host.spawn(plan.harness, factory.harness()?);
+    let evaluator = host.spawn(plan.evaluator, factory.evaluator()?);
+    let ports = Backends {
+        engines: engines.iter().map(|a| Recipient::of(*a)).collect(),
+        pool_engine: pool.map(Recipient::of),
+        trainers: trainers.iter().map(|a| Recipient::of(*a)).collect(),
+        memories: memories.iter().map(|a| Recipient::of(*a)).collect(),
+        transfer: Recipient::of(transfer),
+        harness: Recipient::of(harness),
+        evaluator: Recipient::of(evaluator),
+        kv_bytes_per_token: factory.kv_bytes_per_token(),
+        blobs: factory.blobs(),
+    };
+    let scheduler = Scheduler::new(sched.clone(), ports)?;
+    let sched_addr = host.spawn(plan.sched, scheduler);
+    Ok((
+        sched_addr,
+        PlacedBackends {
+            engines,
+            pool,
+            trainers,
+            memories,
+            transfer,
+            harness,
+            evaluator,
+        },
+    ))
+}
