@@ -99,25 +99,32 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     let token = admin_token(&args)?;
     let tool_format: ToolFormat = args.tool_format.parse().map_err(anyhow::Error::msg)?;
     let renderer = renderer(&args)?;
-    let engine: Arc<dyn crate::gateway::engine::Engine> =
-        match args.engine.split_once('=').unwrap_or((&args.engine, "")) {
-            ("script", file) if !file.is_empty() => Arc::new(ScriptEngine::load(
-                file.as_ref(),
-                &renderer.tokenizer,
-                args.context_window,
-            )?),
-            ("embedded", _) => bail!(
-                "--engine embedded is not wired into the gateway yet; use --engine script=FILE.jsonl"
-            ),
-            _ => bail!(
-                "--engine {:?}: expected script=FILE.jsonl or embedded[=CONFIG.toml]",
-                args.engine
-            ),
-        };
+    let engine: Arc<dyn crate::gateway::engine::Engine> = match args
+        .engine
+        .split_once('=')
+        .unwrap_or((&args.engine, ""))
+    {
+        ("script", file) if !file.is_empty() => Arc::new(ScriptEngine::load(
+            file.as_ref(),
+            &renderer.tokenizer,
+            args.context_window,
+        )?),
+        ("embedded", _) => bail!(
+            "--engine embedded is not wired into the gateway yet; use --engine script=FILE.jsonl"
+        ),
+        _ => bail!(
+            "--engine {:?}: expected script=FILE.jsonl or embedded[=CONFIG.toml]",
+            args.engine
+        ),
+    };
     let store = match &args.store {
-        Some(dir) => Store::open(dir).with_context(|| format!("opening the store {}", dir.display()))?,
+        Some(dir) => {
+            Store::open(dir).with_context(|| format!("opening the store {}", dir.display()))?
+        }
         None => {
-            tracing::warn!("no --store: records live in a temporary in-memory store and are lost on exit");
+            tracing::warn!(
+                "no --store: records live in a temporary in-memory store and are lost on exit"
+            );
             Store::temporary()?
         }
     };

@@ -38,17 +38,25 @@ fn text_of(v: &Value, path: &str) -> Result<String, CallError> {
                 match req_str(b, "type", &format!("{p}.type"))? {
                     "text" => parts.push(req_str(b, "text", &format!("{p}.text"))?.to_string()),
                     "image" | "document" => return Err(no_vision(&p)),
-                    other => return Err(bad(format!("{p}: block type {other:?} is not allowed here"))),
+                    other => {
+                        return Err(bad(format!(
+                            "{p}: block type {other:?} is not allowed here"
+                        )));
+                    }
                 }
             }
             Ok(parts.join("\n"))
         }
-        other => Err(bad(format!("{path}: expected a string or an array of content blocks, got {other}"))),
+        other => Err(bad(format!(
+            "{path}: expected a string or an array of content blocks, got {other}"
+        ))),
     }
 }
 
 fn no_vision(path: &str) -> CallError {
-    bad(format!("{path}: image and document input is not supported: the model has no vision"))
+    bad(format!(
+        "{path}: image and document input is not supported: the model has no vision"
+    ))
 }
 
 fn user_blocks(blocks: &[Value], path: &str, out: &mut Vec<Message>) -> Result<(), CallError> {
@@ -73,7 +81,11 @@ fn user_blocks(blocks: &[Value], path: &str, out: &mut Vec<Message>) -> Result<(
             }
             "image" | "document" => return Err(no_vision(&p)),
             "thinking" | "redacted_thinking" => {}
-            other => return Err(bad(format!("{p}: block type {other:?} is not allowed in a user message"))),
+            other => {
+                return Err(bad(format!(
+                    "{p}: block type {other:?} is not allowed in a user message"
+                )));
+            }
         }
     }
     if !text.is_empty() || !any_result {
@@ -105,7 +117,11 @@ fn assistant_blocks(blocks: &[Value], path: &str) -> Result<Message, CallError> 
                     arguments: input.to_string(),
                 });
             }
-            other => return Err(bad(format!("{p}: block type {other:?} is not allowed in an assistant message"))),
+            other => {
+                return Err(bad(format!(
+                    "{p}: block type {other:?} is not allowed in an assistant message"
+                )));
+            }
         }
     }
     m.content = text.join("\n");
@@ -113,7 +129,11 @@ fn assistant_blocks(blocks: &[Value], path: &str) -> Result<Message, CallError> 
 }
 
 /// Parses a Messages request; `need_max_tokens` is false for count_tokens.
-pub fn parse(body: &Obj, default_max: u32, need_max_tokens: bool) -> Result<ChatRequest, CallError> {
+pub fn parse(
+    body: &Obj,
+    default_max: u32,
+    need_max_tokens: bool,
+) -> Result<ChatRequest, CallError> {
     let model = req_str(body, "model", "model")?.to_string();
     let mut messages = Vec::new();
     if let Some(system) = body.get("system").filter(|v| !v.is_null()) {
@@ -134,19 +154,35 @@ pub fn parse(body: &Obj, default_max: u32, need_max_tokens: bool) -> Result<Chat
             "user" => match content {
                 Value::String(s) => messages.push(Message::text(Role::User, s.clone())),
                 Value::Array(b) => user_blocks(b, &cp, &mut messages)?,
-                _ => return Err(bad(format!("{cp}: expected a string or an array of content blocks"))),
+                _ => {
+                    return Err(bad(format!(
+                        "{cp}: expected a string or an array of content blocks"
+                    )));
+                }
             },
             "assistant" => messages.push(match content {
                 Value::String(s) => Message::text(Role::Assistant, s.clone()),
                 Value::Array(b) => assistant_blocks(b, &cp)?,
-                _ => return Err(bad(format!("{cp}: expected a string or an array of content blocks"))),
+                _ => {
+                    return Err(bad(format!(
+                        "{cp}: expected a string or an array of content blocks"
+                    )));
+                }
             }),
             "system" => messages.push(Message::text(Role::System, text_of(content, &cp)?)),
-            other => return Err(bad(format!("{p}.role: {other:?} is not one of user, assistant, system"))),
+            other => {
+                return Err(bad(format!(
+                    "{p}.role: {other:?} is not one of user, assistant, system"
+                )));
+            }
         }
     }
     let mut tools = Vec::new();
-    for (i, t) in opt_array(body, "tools", "tools")?.into_iter().flatten().enumerate() {
+    for (i, t) in opt_array(body, "tools", "tools")?
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let p = format!("tools.{i}");
         let t = as_obj(t, &p)?;
         let name = req_str(t, "name", &format!("{p}.name"))?;
@@ -169,7 +205,11 @@ pub fn parse(body: &Obj, default_max: u32, need_max_tokens: bool) -> Result<Chat
             "any" => ToolChoice::Any,
             "none" => ToolChoice::None,
             "tool" => ToolChoice::Tool(req_str(c, "name", "tool_choice.name")?.to_string()),
-            other => return Err(bad(format!("tool_choice.type: {other:?} is not one of auto, any, tool, none"))),
+            other => {
+                return Err(bad(format!(
+                    "tool_choice.type: {other:?} is not one of auto, any, tool, none"
+                )));
+            }
         },
     };
     let max_tokens = match opt_u64(body, "max_tokens", "max_tokens")? {
@@ -250,8 +290,14 @@ impl StreamWriter {
             "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": input_tokens, "output_tokens": 0}}});
         (
-            StreamWriter { index: 0, open: None },
-            vec![frame("message_start", &msg), frame("ping", &json!({"type": "ping"}))],
+            StreamWriter {
+                index: 0,
+                open: None,
+            },
+            vec![
+                frame("message_start", &msg),
+                frame("ping", &json!({"type": "ping"})),
+            ],
         )
     }
 
@@ -261,7 +307,10 @@ impl StreamWriter {
                 out.push(frame("content_block_delta", &json!({"type": "content_block_delta",
                     "index": self.index, "delta": {"type": "signature_delta", "signature": "gyre"}})));
             }
-            out.push(frame("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+            out.push(frame(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": self.index}),
+            ));
             self.index += 1;
         }
     }
@@ -269,8 +318,11 @@ impl StreamWriter {
     fn open(&mut self, kind: Open, block: Value, out: &mut Vec<Bytes>) {
         if self.open != Some(kind) {
             self.close(out);
-            out.push(frame("content_block_start", &json!({"type": "content_block_start",
-                "index": self.index, "content_block": block})));
+            out.push(frame(
+                "content_block_start",
+                &json!({"type": "content_block_start",
+                "index": self.index, "content_block": block}),
+            ));
             self.open = Some(kind);
         }
     }
@@ -279,14 +331,24 @@ impl StreamWriter {
         let mut out = Vec::new();
         match d {
             Delta::Thinking(t) => {
-                self.open(Open::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), &mut out);
-                out.push(frame("content_block_delta", &json!({"type": "content_block_delta",
-                    "index": self.index, "delta": {"type": "thinking_delta", "thinking": t}})));
+                self.open(
+                    Open::Thinking,
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    &mut out,
+                );
+                out.push(frame(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta",
+                    "index": self.index, "delta": {"type": "thinking_delta", "thinking": t}}),
+                ));
             }
             Delta::Text(t) => {
                 self.open(Open::Text, json!({"type": "text", "text": ""}), &mut out);
-                out.push(frame("content_block_delta", &json!({"type": "content_block_delta",
-                    "index": self.index, "delta": {"type": "text_delta", "text": t}})));
+                out.push(frame(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta",
+                    "index": self.index, "delta": {"type": "text_delta", "text": t}}),
+                ));
             }
             Delta::Call(c) => {
                 self.close(&mut out);
@@ -295,7 +357,10 @@ impl StreamWriter {
                     "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}})));
                 out.push(frame("content_block_delta", &json!({"type": "content_block_delta",
                     "index": self.index, "delta": {"type": "input_json_delta", "partial_json": c.arguments}})));
-                out.push(frame("content_block_stop", &json!({"type": "content_block_stop", "index": self.index})));
+                out.push(frame(
+                    "content_block_stop",
+                    &json!({"type": "content_block_stop", "index": self.index}),
+                ));
                 self.index += 1;
             }
         }
@@ -306,9 +371,12 @@ impl StreamWriter {
         let mut out = Vec::new();
         self.close(&mut out);
         let (reason, seq) = stop_reason(&o.stop);
-        out.push(frame("message_delta", &json!({"type": "message_delta",
+        out.push(frame(
+            "message_delta",
+            &json!({"type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": seq},
-            "usage": {"input_tokens": o.input_tokens, "output_tokens": o.output_tokens}})));
+            "usage": {"input_tokens": o.input_tokens, "output_tokens": o.output_tokens}}),
+        ));
         out.push(frame("message_stop", &json!({"type": "message_stop"})));
         out
     }
@@ -325,23 +393,32 @@ mod tests {
     #[test]
     fn claude_code_shapes_parse() {
         let body = obj(json!({
-            "model": "claude-opus", "max_tokens": 128000, "stream": true,
-            "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
-            "output_config": {"effort": "medium"}, "metadata": {"user_id": "{}"},
-            "system": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
-                       {"type": "text", "text": "b"}],
-            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
-                      {"type": "web_search_20250305", "name": "web_search"}],
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                {"role": "system", "content": "env"},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"c": 1}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                    "content": [{"type": "text", "text": "ok"}], "is_error": true, "cache_control": {}}]}
-            ]}));
+        "model": "claude-opus", "max_tokens": 128000, "stream": true,
+        "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
+        "output_config": {"effort": "medium"}, "metadata": {"user_id": "{}"},
+        "system": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+                   {"type": "text", "text": "b"}],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
+                  {"type": "web_search_20250305", "name": "web_search"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "system", "content": "env"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"c": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                "content": [{"type": "text", "text": "ok"}], "is_error": true, "cache_control": {}}]}
+        ]}));
         let r = parse(&body, 10, true).unwrap();
         let roles: Vec<Role> = r.messages.iter().map(|m| m.role).collect();
-        assert_eq!(roles, [Role::System, Role::User, Role::System, Role::Assistant, Role::Tool]);
+        assert_eq!(
+            roles,
+            [
+                Role::System,
+                Role::User,
+                Role::System,
+                Role::Assistant,
+                Role::Tool
+            ]
+        );
         assert_eq!(r.messages[0].content, "a\nb");
         assert_eq!(r.messages[3].tool_calls[0].arguments, r#"{"c":1}"#);
         assert!(r.messages[4].is_error);
@@ -352,12 +429,27 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let cases = [
-            (json!({"max_tokens": 1, "messages": []}), "model: field required"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}), "max_tokens: field required"),
-            (json!({"model": "m", "max_tokens": "1", "messages": [{"role": "user", "content": "x"}]}), "max_tokens: expected an integer"),
-            (json!({"model": "m", "max_tokens": 1, "messages": [{"role": "bot", "content": "x"}]}), "messages.0.role"),
-            (json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [
-                {"type": "image", "source": {}}]}]}), "no vision"),
+            (
+                json!({"max_tokens": 1, "messages": []}),
+                "model: field required",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+                "max_tokens: field required",
+            ),
+            (
+                json!({"model": "m", "max_tokens": "1", "messages": [{"role": "user", "content": "x"}]}),
+                "max_tokens: expected an integer",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 1, "messages": [{"role": "bot", "content": "x"}]}),
+                "messages.0.role",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {}}]}]}),
+                "no vision",
+            ),
         ];
         for (body, want) in cases {
             let e = parse(&obj(body), 1, true).unwrap_err();

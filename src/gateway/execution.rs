@@ -140,10 +140,7 @@ impl Execution {
 
     /// Restores re-serialised tool calls to the originals the model produced
     /// and points tool results at original ids.
-    pub fn restore(
-        &mut self,
-        messages: &mut [Message],
-    ) -> Result<(), tool_cache::ToolCacheError> {
+    pub fn restore(&mut self, messages: &mut [Message]) -> Result<(), tool_cache::ToolCacheError> {
         let incoming: Vec<_> = messages.iter().map(to_cache).collect();
         let (restored, _) = self.tool_cache.restore(&incoming)?;
         for (m, r) in messages.iter_mut().zip(restored) {

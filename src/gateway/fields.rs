@@ -78,7 +78,11 @@ pub fn opt_bool(o: &Obj, key: &str, path: &str) -> Result<Option<bool>, CallErro
     }
 }
 
-pub fn opt_array<'a>(o: &'a Obj, key: &str, path: &str) -> Result<Option<&'a Vec<Value>>, CallError> {
+pub fn opt_array<'a>(
+    o: &'a Obj,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'a Vec<Value>>, CallError> {
     match present(o, key) {
         None => Ok(None),
         Some(Value::Array(a)) => Ok(Some(a)),

@@ -31,7 +31,12 @@ enum Api {
 
 fn json_response(status: u16, v: &Value) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
 }
 
 fn error_response(gw: &Gateway, api: Api, e: &CallError) -> Response {
@@ -67,7 +72,9 @@ async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, CallError> {
 /// Key → execution; `x-gyre-execution`, when sent, must be the key's own.
 fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<String, CallError> {
     let execution = gw.authenticate(api_key(headers))?;
-    if let Some(named) = headers.get("x-gyre-execution").and_then(|v| v.to_str().ok())
+    if let Some(named) = headers
+        .get("x-gyre-execution")
+        .and_then(|v| v.to_str().ok())
         && named != execution
     {
         return Err(CallError::Permission(format!(
@@ -91,7 +98,10 @@ fn sse(rx: mpsc::Receiver<Bytes>) -> Response {
     });
     let mut r = Response::new(Body::from_stream(stream));
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
 }
@@ -115,9 +125,10 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
         };
         let opts = openai::options(&obj)?;
         let gw2 = gw.clone();
-        let (p, req) = tokio::task::spawn_blocking(move || gw2.prepare(&execution, &req).map(|p| (p, req)))
-            .await
-            .map_err(|e| CallError::Internal(format!("prepare task: {e}")))??;
+        let (p, req) =
+            tokio::task::spawn_blocking(move || gw2.prepare(&execution, &req).map(|p| (p, req)))
+                .await
+                .map_err(|e| CallError::Internal(format!("prepare task: {e}")))??;
         Ok::<_, CallError>((p, req, opts))
     }
     .await;
@@ -129,19 +140,30 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
     let model = req.model.clone();
     let (id, id_prefix) = match api {
         Api::Anthropic => (anthropic::message_id(&p.execution, p.call_index), "toolu_"),
-        Api::OpenAi => (format!("chatcmpl-{}-{}", p.execution, p.call_index), "call_"),
+        Api::OpenAi => (
+            format!("chatcmpl-{}-{}", p.execution, p.call_index),
+            "call_",
+        ),
     };
     if !req.stream {
-        let outcome = match turn::run(&gw, &p, &req.stop, id_prefix, None, &mut |_| Vec::new()).await {
-            Ok(o) => o,
-            Err(e) => return error_response(&gw, api, &e),
-        };
+        let outcome =
+            match turn::run(&gw, &p, &req.stop, id_prefix, None, &mut |_| Vec::new()).await {
+                Ok(o) => o,
+                Err(e) => return error_response(&gw, api, &e),
+            };
         if let Err(e) = turn::commit(&gw, p, &outcome).await {
             return error_response(&gw, api, &e);
         }
         let body = match api {
             Api::Anthropic => anthropic::response(&id, &model, &outcome),
-            Api::OpenAi => openai::response(&id, &model, created, &outcome, &opts, &gw.renderer.tokenizer),
+            Api::OpenAi => openai::response(
+                &id,
+                &model,
+                created,
+                &outcome,
+                &opts,
+                &gw.renderer.tokenizer,
+            ),
         };
         return json_response(200, &body);
     }
@@ -198,7 +220,10 @@ async fn stream_call(
     };
     let last = match (result, api) {
         (Ok(o), Api::Anthropic) => anth.as_mut().map(|w| w.finish(&o)).unwrap_or_default(),
-        (Ok(o), Api::OpenAi) => oai.as_ref().map(|w| w.finish(&o, opts.include_usage)).unwrap_or_default(),
+        (Ok(o), Api::OpenAi) => oai
+            .as_ref()
+            .map(|w| w.finish(&o, opts.include_usage))
+            .unwrap_or_default(),
         (Err(e), Api::Anthropic) => {
             gw.metrics.errors.fetch_add(1, Ordering::Relaxed);
             vec![anthropic::frame("error", &anthropic::error_body(&e))]
@@ -219,7 +244,11 @@ async fn messages(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body
     call(gw, Api::Anthropic, headers, body).await
 }
 
-async fn chat_completions(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
+async fn chat_completions(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     call(gw, Api::OpenAi, headers, body).await
 }
 
@@ -247,12 +276,19 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
     if let Err(e) = authorize(&gw, &headers) {
         return error_response(&gw, Api::OpenAi, &e);
     }
-    json_response(200, &json!({"object": "list", "data": [{"id": gw.config.model,
-        "object": "model", "created": 0, "owned_by": "gyre"}]}))
+    json_response(
+        200,
+        &json!({"object": "list", "data": [{"id": gw.config.model,
+        "object": "model", "created": 0, "owned_by": "gyre"}]}),
+    )
 }
 
 async fn fallback(State(gw): State<Arc<Gateway>>) -> Response {
-    error_response(&gw, Api::OpenAi, &CallError::NotFound("no such route".into()))
+    error_response(
+        &gw,
+        Api::OpenAi,
+        &CallError::NotFound("no such route".into()),
+    )
 }
 
 pub fn api_router(gw: Arc<Gateway>) -> Router {
@@ -272,10 +308,13 @@ struct Admin {
 }
 
 fn admin_error(e: &CallError) -> Response {
-    json_response(e.status(), &json!({"error": {"type": "admin_error", "message": e.message()}}))
+    json_response(
+        e.status(),
+        &json!({"error": {"type": "admin_error", "message": e.message()}}),
+    )
 }
 
-fn admin_check(a: &Admin, headers: &HeaderMap) -> Result<(), Response> {
+fn admin_check(a: &Admin, headers: &HeaderMap) -> Result<(), Box<Response>> {
     let sent = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -283,13 +322,15 @@ fn admin_check(a: &Admin, headers: &HeaderMap) -> Result<(), Response> {
     if sent == Some(&*a.token) {
         Ok(())
     } else {
-        Err(admin_error(&CallError::Authentication("admin API: wrong or missing bearer token".into())))
+        Err(Box::new(admin_error(&CallError::Authentication(
+            "admin API: wrong or missing bearer token".into(),
+        ))))
     }
 }
 
 async fn create_execution(State(a): State<Admin>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = admin_check(&a, &headers) {
-        return r;
+        return *r;
     }
     let (query, group) = if body.iter().all(u8::is_ascii_whitespace) {
         (None, None)
@@ -308,9 +349,13 @@ async fn create_execution(State(a): State<Admin>, headers: HeaderMap, body: Byte
     }
 }
 
-async fn close_execution(State(a): State<Admin>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn close_execution(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     if let Err(r) = admin_check(&a, &headers) {
-        return r;
+        return *r;
     }
     match a.gw.close_execution(&id) {
         Ok(m) => json_response(200, &json!({"execution": m.id, "closed": true})),
@@ -320,33 +365,44 @@ async fn close_execution(State(a): State<Admin>, headers: HeaderMap, Path(id): P
 
 async fn trace(State(a): State<Admin>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     if let Err(r) = admin_check(&a, &headers) {
-        return r;
+        return *r;
     }
     match a.gw.trace_jsonl(&id) {
-        Ok(t) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], t).into_response(),
+        Ok(t) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/x-ndjson")],
+            t,
+        )
+            .into_response(),
         Err(e) => admin_error(&e),
     }
 }
 
 async fn list(State(a): State<Admin>, headers: HeaderMap) -> Response {
     if let Err(r) = admin_check(&a, &headers) {
-        return r;
+        return *r;
     }
-    let list: Vec<Value> = a
-        .gw
-        .list_executions()
-        .into_iter()
-        .map(|(m, calls)| json!({"execution": m.id, "closed": m.closed, "calls": calls,
-                                 "group": m.group, "query": m.query}))
-        .collect();
+    let list: Vec<Value> =
+        a.gw.list_executions()
+            .into_iter()
+            .map(|(m, calls)| {
+                json!({"execution": m.id, "closed": m.closed, "calls": calls,
+                                 "group": m.group, "query": m.query})
+            })
+            .collect();
     json_response(200, &json!({"executions": list}))
 }
 
 async fn metrics(State(a): State<Admin>, headers: HeaderMap) -> Response {
     if let Err(r) = admin_check(&a, &headers) {
-        return r;
+        return *r;
     }
-    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], a.gw.metrics_text()).into_response()
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        a.gw.metrics_text(),
+    )
+        .into_response()
 }
 
 pub fn admin_router(gw: Arc<Gateway>, token: &str) -> Router {

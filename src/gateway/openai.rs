@@ -25,7 +25,9 @@ pub fn error_body(e: &CallError) -> Value {
         CallError::InvalidRequest(m) if m.starts_with("prompt is too long") => {
             ("invalid_request_error", json!("context_length_exceeded"))
         }
-        CallError::InvalidRequest(_) | CallError::TooLarge(_) => ("invalid_request_error", Value::Null),
+        CallError::InvalidRequest(_) | CallError::TooLarge(_) => {
+            ("invalid_request_error", Value::Null)
+        }
         CallError::Authentication(_) => ("invalid_request_error", json!("invalid_api_key")),
         CallError::Permission(_) => ("permission_error", Value::Null),
         CallError::NotFound(_) => ("invalid_request_error", json!("not_found")),
@@ -53,18 +55,28 @@ fn content_text(v: Option<&Value>, path: &str) -> Result<String, CallError> {
                             "{p}: image, audio and file input is not supported: the model has no vision"
                         )));
                     }
-                    other => return Err(bad(format!("{p}: content part type {other:?} is not supported"))),
+                    other => {
+                        return Err(bad(format!(
+                            "{p}: content part type {other:?} is not supported"
+                        )));
+                    }
                 }
             }
             Ok(out.join("\n"))
         }
-        Some(_) => Err(bad(format!("{path}: expected a string, an array of content parts or null"))),
+        Some(_) => Err(bad(format!(
+            "{path}: expected a string, an array of content parts or null"
+        ))),
     }
 }
 
 fn tool_calls(m: &Obj, path: &str) -> Result<Vec<ToolCall>, CallError> {
     let mut out = Vec::new();
-    for (i, c) in opt_array(m, "tool_calls", path)?.into_iter().flatten().enumerate() {
+    for (i, c) in opt_array(m, "tool_calls", path)?
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let p = format!("{path}.{i}");
         let c = as_obj(c, &p)?;
         let f = opt_obj(c, "function", &format!("{p}.function"))?
@@ -82,7 +94,11 @@ fn tool_calls(m: &Obj, path: &str) -> Result<Vec<ToolCall>, CallError> {
 
 pub fn parse_tools(body: &Obj) -> Result<Vec<ToolSpec>, CallError> {
     let mut tools = Vec::new();
-    for (i, t) in opt_array(body, "tools", "tools")?.into_iter().flatten().enumerate() {
+    for (i, t) in opt_array(body, "tools", "tools")?
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let p = format!("tools.{i}");
         let t = as_obj(t, &p)?;
         // Chat Completions nests under "function"; Responses is flat.
@@ -95,7 +111,10 @@ pub fn parse_tools(body: &Obj) -> Result<Vec<ToolSpec>, CallError> {
             description: opt_str(f, "description", &format!("{p}.function.description"))?
                 .unwrap_or("")
                 .to_string(),
-            parameters: f.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
+            parameters: f
+                .get("parameters")
+                .cloned()
+                .unwrap_or(json!({"type": "object"})),
         });
     }
     Ok(tools)
@@ -108,7 +127,11 @@ pub fn parse_tool_choice(body: &Obj) -> Result<ToolChoice, CallError> {
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Any,
             "none" => ToolChoice::None,
-            other => return Err(bad(format!("tool_choice: {other:?} is not one of auto, required, none"))),
+            other => {
+                return Err(bad(format!(
+                    "tool_choice: {other:?} is not one of auto, required, none"
+                )));
+            }
         },
         Some(Value::Object(o)) => {
             let f = opt_obj(o, "function", "tool_choice.function")?.unwrap_or(o);
@@ -215,8 +238,10 @@ fn usage(o: &Outcome) -> Value {
 fn calls_json(calls: &[ToolCall]) -> Vec<Value> {
     calls
         .iter()
-        .map(|c| json!({"id": c.id, "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments}}))
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments}})
+        })
         .collect()
 }
 
@@ -233,7 +258,14 @@ fn logprobs_json(tok: &Tokenizer, o: &Outcome) -> Value {
     json!({"content": content})
 }
 
-pub fn response(id: &str, model: &str, created: u64, o: &Outcome, opts: &ChatOptions, tok: &Tokenizer) -> Value {
+pub fn response(
+    id: &str,
+    model: &str,
+    created: u64,
+    o: &Outcome,
+    opts: &ChatOptions,
+    tok: &Tokenizer,
+) -> Value {
     let mut message = json!({"role": "assistant",
         "content": if o.reply.content.is_empty() && !o.reply.tool_calls.is_empty() { Value::Null } else { json!(o.reply.content) }});
     if let Some(r) = &o.reply.reasoning {
@@ -242,7 +274,11 @@ pub fn response(id: &str, model: &str, created: u64, o: &Outcome, opts: &ChatOpt
     if !o.reply.tool_calls.is_empty() {
         message["tool_calls"] = json!(calls_json(&o.reply.tool_calls));
     }
-    let logprobs = if opts.logprobs { logprobs_json(tok, o) } else { Value::Null };
+    let logprobs = if opts.logprobs {
+        logprobs_json(tok, o)
+    } else {
+        Value::Null
+    };
     json!({"id": id, "object": "chat.completion", "created": created, "model": model,
            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                         "finish_reason": finish_reason(&o.stop)}],
@@ -273,9 +309,11 @@ impl ChunkWriter {
     }
 
     fn chunk(&self, delta: Value, finish: Value) -> Bytes {
-        data(&json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+        data(
+            &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]}))
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]}),
+        )
     }
 
     pub fn delta(&mut self, d: &Delta) -> Vec<Bytes> {
@@ -294,8 +332,10 @@ impl ChunkWriter {
     pub fn finish(&self, o: &Outcome, include_usage: bool) -> Vec<Bytes> {
         let mut out = vec![self.chunk(json!({}), json!(finish_reason(&o.stop)))];
         if include_usage {
-            out.push(data(&json!({"id": self.id, "object": "chat.completion.chunk",
-                "created": self.created, "model": self.model, "choices": [], "usage": usage(o)})));
+            out.push(data(
+                &json!({"id": self.id, "object": "chat.completion.chunk",
+                "created": self.created, "model": self.model, "choices": [], "usage": usage(o)}),
+            ));
         }
         out.push(Bytes::from_static(b"data: [DONE]\n\n"));
         out
@@ -325,6 +365,9 @@ mod tests {
         assert!(options(o).unwrap().include_usage);
         let bad = json!({"model": "m", "messages": [{"role": "tool", "content": "r"}]});
         let e = parse(bad.as_object().unwrap(), 9).unwrap_err();
-        assert!(e.message().contains("messages.0.tool_call_id: field required"));
+        assert!(
+            e.message()
+                .contains("messages.0.tool_call_id: field required")
+        );
     }
 }

@@ -95,11 +95,7 @@ impl OutputParser {
     }
 
     fn emit_text(&mut self, s: &str, out: &mut Vec<Piece>) {
-        let s = if self.text_started {
-            s
-        } else {
-            s.trim_start()
-        };
+        let s = if self.text_started { s } else { s.trim_start() };
         if !s.is_empty() {
             self.text_started = true;
             out.push(Piece::Text(s.to_string()));

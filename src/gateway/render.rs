@@ -145,7 +145,14 @@ mod tests {
                 }),
             )
             .unwrap();
-        assert_eq!(p2, Prompt { reused: p1.ids.len() + output.len(), tokenized: p2.tokenized, ids: r.full(&second, &[]).unwrap().ids });
+        assert_eq!(
+            p2,
+            Prompt {
+                reused: p1.ids.len() + output.len(),
+                tokenized: p2.tokenized,
+                ids: r.full(&second, &[]).unwrap().ids
+            }
+        );
         // "\n", <|im_start|>, "user\nmore", <|im_end|>, "\n", <|im_start|>, "assistant\n"
         assert_eq!(p2.tokenized, 1 + 1 + 9 + 1 + 1 + 1 + 10);
     }

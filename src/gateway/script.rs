@@ -125,9 +125,7 @@ impl ScriptEngine {
                 None | Some("stop") => EngineFinish::EndOfTurn,
                 Some("length") => EngineFinish::Length,
                 Some(other) => {
-                    return Err(err(format!(
-                        "finish {other:?} is not one of stop, length"
-                    )));
+                    return Err(err(format!("finish {other:?} is not one of stop, length")));
                 }
             };
             let mut ids = tokenizer

@@ -118,7 +118,9 @@ pub struct Produced {
 
 fn random_hex(bytes: usize) -> String {
     let mut rng = rand::rng();
-    (0..bytes).map(|_| format!("{:02x}", rng.random::<u8>())).collect()
+    (0..bytes)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -323,8 +325,7 @@ impl Gateway {
         record
             .validate()
             .map_err(|e| CallError::Internal(format!("engine output not recordable: {e}")))?;
-        let history_hash =
-            chain_hashes(std::slice::from_ref(&produced.reply), p.request_hash)[0];
+        let history_hash = chain_hashes(std::slice::from_ref(&produced.reply), p.request_hash)[0];
         let stored = StoredCall {
             history_hash,
             tool_calls: produced
@@ -377,18 +378,60 @@ impl Gateway {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut out = String::new();
         for (name, help, value) in [
-            ("gyre_gateway_requests_total", "API requests received", g(&m.requests)),
-            ("gyre_gateway_errors_total", "API requests answered with an error", g(&m.errors)),
-            ("gyre_gateway_calls_committed_total", "model calls recorded durably", g(&m.calls_committed)),
-            ("gyre_gateway_input_tokens_total", "prompt tokens of recorded calls", g(&m.input_tokens)),
-            ("gyre_gateway_output_tokens_total", "output tokens of recorded calls", g(&m.output_tokens)),
-            ("gyre_gateway_reused_tokens_total", "prompt tokens reused from records", g(&m.reused_tokens)),
-            ("gyre_gateway_tokenized_tokens_total", "prompt tokens produced by the tokeniser", g(&m.tokenized_tokens)),
-            ("gyre_gateway_in_flight", "API requests in progress", g(&m.in_flight)),
-            ("gyre_gateway_executions_open", "open executions", open as u64),
+            (
+                "gyre_gateway_requests_total",
+                "API requests received",
+                g(&m.requests),
+            ),
+            (
+                "gyre_gateway_errors_total",
+                "API requests answered with an error",
+                g(&m.errors),
+            ),
+            (
+                "gyre_gateway_calls_committed_total",
+                "model calls recorded durably",
+                g(&m.calls_committed),
+            ),
+            (
+                "gyre_gateway_input_tokens_total",
+                "prompt tokens of recorded calls",
+                g(&m.input_tokens),
+            ),
+            (
+                "gyre_gateway_output_tokens_total",
+                "output tokens of recorded calls",
+                g(&m.output_tokens),
+            ),
+            (
+                "gyre_gateway_reused_tokens_total",
+                "prompt tokens reused from records",
+                g(&m.reused_tokens),
+            ),
+            (
+                "gyre_gateway_tokenized_tokens_total",
+                "prompt tokens produced by the tokeniser",
+                g(&m.tokenized_tokens),
+            ),
+            (
+                "gyre_gateway_in_flight",
+                "API requests in progress",
+                g(&m.in_flight),
+            ),
+            (
+                "gyre_gateway_executions_open",
+                "open executions",
+                open as u64,
+            ),
         ] {
-            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+            ));
         }
         out
     }

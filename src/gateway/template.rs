@@ -261,7 +261,10 @@ mod tests {
             parameters: json!({"type": "object"}),
         };
         let out = t.render(&msgs, &[spec], true).unwrap();
-        assert!(out.starts_with("<|im_start|>system\nsys\n\n# Tools"), "{out}");
+        assert!(
+            out.starts_with("<|im_start|>system\nsys\n\n# Tools"),
+            "{out}"
+        );
         assert!(out.contains(r#"{"function": {"description": "run", "name": "bash", "parameters": {"type": "object"}}, "type": "function"}"#));
         assert!(out.contains("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"cmd\": \"ls\"}}\n</tool_call><|im_end|>\n"), "{out}");
         assert!(out.ends_with("<|im_start|>user\n<tool_response>\na.txt\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{out}");

@@ -113,10 +113,11 @@ impl Tokenizer {
 
     pub fn from_json(json: &str, eos: &str, origin: &str) -> Result<Tokenizer, TokenizerError> {
         let inner: tokenizers::Tokenizer =
-            json.parse().map_err(|e: tokenizers::Error| TokenizerError::Load {
-                path: origin.to_string(),
-                message: e.to_string(),
-            })?;
+            json.parse()
+                .map_err(|e: tokenizers::Error| TokenizerError::Load {
+                    path: origin.to_string(),
+                    message: e.to_string(),
+                })?;
         let eos_id = inner
             .token_to_id(eos)
             .ok_or_else(|| TokenizerError::NoEos {

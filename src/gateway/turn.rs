@@ -92,10 +92,7 @@ impl StopMatcher {
             })
             .max()
             .unwrap_or(0);
-        let out: String = self
-            .pending
-            .drain(..self.pending.len() - hold)
-            .collect();
+        let out: String = self.pending.drain(..self.pending.len() - hold).collect();
         (out, None)
     }
 }
@@ -194,7 +191,9 @@ pub async fn run(
     while finish.is_none() && hit.is_none() {
         let event = tokio::time::timeout_at(deadline, generation.events.recv())
             .await
-            .map_err(|_| CallError::Timeout("the model call took longer than the request timeout".into()))?;
+            .map_err(|_| {
+                CallError::Timeout("the model call took longer than the request timeout".into())
+            })?;
         match event {
             Some(EngineEvent::Token { id, logprob }) => {
                 ids.push(id);
@@ -214,7 +213,11 @@ pub async fn run(
                 return Err(CallError::Internal(format!("the engine failed: {why}")));
             }
             Some(EngineEvent::Finish(f)) => finish = Some(f),
-            None => return Err(CallError::Internal("the engine stopped without finishing".into())),
+            None => {
+                return Err(CallError::Internal(
+                    "the engine stopped without finishing".into(),
+                ));
+            }
         }
     }
     drop(generation);
@@ -252,7 +255,11 @@ pub async fn run(
 }
 
 /// Commits the outcome on a blocking thread (the store fsyncs).
-pub async fn commit(gw: &std::sync::Arc<Gateway>, p: Prepared, o: &Outcome) -> Result<Prepared, CallError> {
+pub async fn commit(
+    gw: &std::sync::Arc<Gateway>,
+    p: Prepared,
+    o: &Outcome,
+) -> Result<Prepared, CallError> {
     let produced = Produced {
         output_ids: o.output_ids.clone(),
         output_logprobs: o.output_logprobs.clone(),
