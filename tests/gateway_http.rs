@@ -76,14 +76,7 @@ fn anthropic_multi_turn_tool_use_is_recorded_token_exactly() {
         &events[events.len() - 3..],
         ["content_block_stop", "message_delta", "message_stop"]
     );
-    let text: String = body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter(|v| v["delta"]["type"] == "text_delta")
-        .map(|v| v["delta"]["text"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(text, "There is one file.");
+    assert_eq!(sse_text(&body), "There is one file.");
     assert!(body.contains(r#""stop_reason":"end_turn""#), "{body}");
     let records = trace(&g, &id);
     assert_eq!(records.len(), 2);

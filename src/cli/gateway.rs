@@ -14,8 +14,6 @@ use crate::gateway::render::Renderer;
 use crate::gateway::script::ScriptEngine;
 use crate::gateway::service::{Gateway, GatewayConfig};
 use crate::gateway::store::Store;
-use crate::gateway::template::ChatTemplate;
-use crate::gateway::tokenizer::Tokenizer;
 
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
@@ -67,31 +65,9 @@ fn admin_token(args: &GatewayArgs) -> Result<String> {
 }
 
 fn renderer(args: &GatewayArgs) -> Result<Renderer> {
-    let Some(dir) = &args.tokenizer else {
-        return Ok(Renderer::builtin()?);
-    };
-    let cfg_path = dir.join("tokenizer_config.json");
-    let cfg: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&cfg_path)
-            .with_context(|| format!("reading {}", cfg_path.display()))?,
-    )
-    .with_context(|| format!("{} is not JSON", cfg_path.display()))?;
-    let token = |k: &str| match &cfg[k] {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Object(o) => o
-            .get("content")
-            .and_then(|c| c.as_str())
-            .unwrap_or("")
-            .to_string(),
-        _ => String::new(),
-    };
-    let template = cfg["chat_template"]
-        .as_str()
-        .with_context(|| format!("{} has no chat_template string", cfg_path.display()))?;
-    let eos = token("eos_token");
-    Ok(Renderer {
-        tokenizer: Tokenizer::from_file(&dir.join("tokenizer.json"), &eos)?,
-        template: ChatTemplate::new(template, &token("bos_token"), &eos)?,
+    Ok(match &args.tokenizer {
+        Some(dir) => Renderer::from_dir(dir)?,
+        None => Renderer::builtin()?,
     })
 }
 

@@ -20,6 +20,8 @@ pub enum RenderError {
     Template(#[from] TemplateError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error("{path}: {message}")]
+    Config { path: String, message: String },
 }
 
 pub struct Renderer {
@@ -49,6 +51,36 @@ impl Renderer {
         Ok(Renderer {
             tokenizer: Tokenizer::builtin()?,
             template: ChatTemplate::builtin(),
+        })
+    }
+
+    /// The model's own files: `tokenizer.json` and `tokenizer_config.json`
+    /// (its `chat_template`, `bos_token`, `eos_token`) from `dir`.
+    pub fn from_dir(dir: &std::path::Path) -> Result<Renderer, RenderError> {
+        let path = dir.join("tokenizer_config.json");
+        let config = |message: String| RenderError::Config {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| config(e.to_string()))?;
+        let cfg: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| config(format!("not JSON: {e}")))?;
+        let token = |k: &str| match &cfg[k] {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Object(o) => o
+                .get("content")
+                .and_then(|c| c.as_str())
+                .unwrap_or("")
+                .to_string(),
+            _ => String::new(),
+        };
+        let template = cfg["chat_template"]
+            .as_str()
+            .ok_or_else(|| config("no chat_template string".into()))?;
+        let eos = token("eos_token");
+        Ok(Renderer {
+            tokenizer: Tokenizer::from_file(&dir.join("tokenizer.json"), &eos)?,
+            template: ChatTemplate::new(template, &token("bos_token"), &eos)?,
         })
     }
 

