@@ -60,20 +60,24 @@ pub fn write_script(dir: &Path, lines: &[serde_json::Value]) -> String {
     format!("script={}", p.display())
 }
 
+/// The body of a chunked response; a cut-off body yields what arrived.
 fn dechunk(mut body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(i) = body.windows(2).position(|w| w == b"\r\n") else {
-            return out;
+    while let Some(i) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&body[..i])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
+            .unwrap_or(0);
+        let Some(chunk) = body.get(i + 2..i + 2 + size) else {
+            break;
         };
-        let size =
-            usize::from_str_radix(std::str::from_utf8(&body[..i]).unwrap().trim(), 16).unwrap();
         if size == 0 {
-            return out;
+            break;
         }
-        out.extend_from_slice(&body[i + 2..i + 2 + size]);
-        body = &body[i + 2 + size + 2..];
+        out.extend_from_slice(chunk);
+        body = body.get(i + 4 + size..).unwrap_or(&[]);
     }
+    out
 }
 
 /// One request on a fresh connection: (status, body).
@@ -84,7 +88,19 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
+    try_request(addr, method, path, headers, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Like `request`, but a dead server is an error, not a panic.
+pub fn try_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -93,16 +109,20 @@ pub fn request(
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+    s.write_all(body).map_err(|e| e.to_string())?;
     let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
+    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .expect("response head");
+        .ok_or("no response head")?;
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or("bad status line")?;
     let body = &raw[split + 4..];
     let body = if head
         .to_ascii_lowercase()
@@ -112,7 +132,7 @@ pub fn request(
     } else {
         body.to_vec()
     };
-    (status, String::from_utf8_lossy(&body).to_string())
+    Ok((status, String::from_utf8_lossy(&body).to_string()))
 }
 
 pub fn admin(g: &Gateway, method: &str, path: &str) -> (u16, String) {
