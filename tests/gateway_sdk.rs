@@ -1,5 +1,6 @@
 //! The official `openai` and `anthropic` Python SDKs against `gyre
-//! gateway` (tests/sdk/clients.py): multi-turn tool use, streamed and not;
+//! gateway` (tests/sdk/clients.py): multi-turn tool use over Messages, Chat
+//! Completions and Responses, streamed and not;
 //! every conversation's second call extends the first token for token.
 //! Skips, loudly, only when python3 or the SDKs are missing (.ci/run
 //! installs them).
@@ -26,7 +27,7 @@ fn python_sdks_drive_multi_turn_tool_use() {
         json!({"text": "There is one file."}),
     ];
     let g = start(&["--engine", &write_script(&dir, &script)]);
-    let execs: Vec<(String, String)> = (0..4).map(|_| execution(&g)).collect();
+    let execs: Vec<(String, String)> = (0..6).map(|_| execution(&g)).collect();
     let keys: Vec<&str> = execs.iter().map(|(_, k)| k.as_str()).collect();
     let out = std::process::Command::new("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/clients.py"))
@@ -42,7 +43,7 @@ fn python_sdks_drive_multi_turn_tool_use() {
     );
     assert_eq!(
         stdout.lines().filter(|l| l.ends_with(" ok")).count(),
-        4,
+        6,
         "{stdout}"
     );
     for (id, _) in &execs {

@@ -279,26 +279,31 @@ enum Open {
 
 /// Streamed event writer: blocks open and close as deltas change kind.
 pub struct StreamWriter {
+    id: String,
+    model: String,
     index: usize,
     open: Option<Open>,
 }
 
 impl StreamWriter {
-    pub fn start(id: &str, model: &str, input_tokens: usize) -> (StreamWriter, Vec<Bytes>) {
+    pub fn new(id: &str, model: &str) -> StreamWriter {
+        StreamWriter {
+            id: id.to_string(),
+            model: model.to_string(),
+            index: 0,
+            open: None,
+        }
+    }
+
+    pub fn start(&mut self, input_tokens: usize) -> Vec<Bytes> {
         let msg = json!({"type": "message_start", "message": {
-            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": input_tokens, "output_tokens": 0}}});
-        (
-            StreamWriter {
-                index: 0,
-                open: None,
-            },
-            vec![
-                frame("message_start", &msg),
-                frame("ping", &json!({"type": "ping"})),
-            ],
-        )
+        vec![
+            frame("message_start", &msg),
+            frame("ping", &json!({"type": "ping"})),
+        ]
     }
 
     fn close(&mut self, out: &mut Vec<Bytes>) {

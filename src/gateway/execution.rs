@@ -46,6 +46,9 @@ pub struct Execution {
     turns: FxHashMap<u64, usize>,
     /// Call numbers handed out (committed or not).
     pub next_call: u64,
+    /// Stored Responses-API conversations (request and reply) by response
+    /// id, for `previous_response_id`; kept in memory only.
+    pub responses: FxHashMap<String, Vec<Message>>,
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -135,6 +138,7 @@ impl Execution {
             tool_cache: ToolCallCache::new(),
             turns: FxHashMap::default(),
             next_call: 0,
+            responses: FxHashMap::default(),
         }
     }
 

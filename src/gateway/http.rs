@@ -18,8 +18,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::anthropic;
+use super::chat::{ChatRequest, Message};
 use super::fields::{Obj, parse_body};
 use super::openai;
+use super::responses;
 use super::service::{CallError, Gateway, now_ns};
 use super::turn::{self, Delta};
 
@@ -27,6 +29,7 @@ use super::turn::{self, Delta};
 enum Api {
     Anthropic,
     OpenAi,
+    Responses,
 }
 
 fn json_response(status: u16, v: &Value) -> Response {
@@ -43,7 +46,7 @@ fn error_response(gw: &Gateway, api: Api, e: &CallError) -> Response {
     gw.metrics.errors.fetch_add(1, Ordering::Relaxed);
     match api {
         Api::Anthropic => json_response(e.status(), &anthropic::error_body(e)),
-        Api::OpenAi => json_response(openai::status(e), &openai::error_body(e)),
+        Api::OpenAi | Api::Responses => json_response(openai::status(e), &openai::error_body(e)),
     }
 }
 
@@ -106,6 +109,161 @@ fn sse(rx: mpsc::Receiver<Bytes>) -> Response {
     r
 }
 
+/// The API-specific half of a call: ids, stream frames, final body.
+enum Front {
+    Anthropic(anthropic::StreamWriter),
+    Chat(openai::ChunkWriter, openai::ChatOptions),
+    Responses(responses::EventWriter),
+}
+
+struct CallInfo {
+    id: String,
+    model: String,
+    created: u64,
+    store: Option<Vec<Message>>,
+}
+
+impl Front {
+    fn start(&mut self, input_tokens: usize) -> Vec<Bytes> {
+        match self {
+            Front::Anthropic(w) => w.start(input_tokens),
+            Front::Chat(w, _) => w.start(),
+            Front::Responses(w) => w.start(),
+        }
+    }
+
+    fn delta(&mut self, d: &Delta) -> Vec<Bytes> {
+        match self {
+            Front::Anthropic(w) => w.delta(d),
+            Front::Chat(w, _) => w.delta(d),
+            Front::Responses(w) => w.delta(d),
+        }
+    }
+
+    fn finish(&mut self, o: &turn::Outcome) -> Vec<Bytes> {
+        match self {
+            Front::Anthropic(w) => w.finish(o),
+            Front::Chat(w, opts) => w.finish(o, opts.include_usage),
+            Front::Responses(w) => w.finish(o),
+        }
+    }
+
+    fn error(&mut self, e: &CallError) -> Vec<Bytes> {
+        match self {
+            Front::Anthropic(_) => vec![anthropic::frame("error", &anthropic::error_body(e))],
+            Front::Chat(..) => vec![openai::data(&openai::error_body(e))],
+            Front::Responses(w) => w.error(e),
+        }
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        match self {
+            Front::Anthropic(_) => "toolu_",
+            _ => "call_",
+        }
+    }
+}
+
+/// What a parsed request needs to build its front once the call has a number.
+enum Spec {
+    Anthropic,
+    Chat(openai::ChatOptions),
+    Responses(responses::ResponsesOptions),
+}
+
+/// Parses the body for `api` into the neutral request.
+fn parse_call(
+    gw: &Gateway,
+    api: Api,
+    execution: &str,
+    obj: &Obj,
+) -> Result<(ChatRequest, Spec), CallError> {
+    let default_max = gw.engine.context_window() as u32;
+    Ok(match api {
+        Api::Anthropic => (anthropic::parse(obj, default_max, true)?, Spec::Anthropic),
+        Api::OpenAi => (
+            openai::parse(obj, default_max)?,
+            Spec::Chat(openai::options(obj)?),
+        ),
+        Api::Responses => {
+            let previous = |id: &str| gw.previous_conversation(execution, id);
+            let (req, opts) = responses::parse(obj, default_max, &previous)?;
+            (req, Spec::Responses(opts))
+        }
+    })
+}
+
+impl Spec {
+    fn build(self, req: &ChatRequest, execution: &str, call_index: u64) -> (Front, CallInfo) {
+        let created = now_ns() / 1_000_000_000;
+        let short = execution.trim_start_matches("ex-");
+        let model = req.model.clone();
+        let (front, id, store) = match self {
+            Spec::Anthropic => {
+                let id = anthropic::message_id(execution, call_index);
+                (
+                    Front::Anthropic(anthropic::StreamWriter::new(&id, &model)),
+                    id,
+                    None,
+                )
+            }
+            Spec::Chat(opts) => {
+                let id = format!("chatcmpl-{short}-{call_index}");
+                (
+                    Front::Chat(openai::ChunkWriter::new(&id, &model, created), opts),
+                    id,
+                    None,
+                )
+            }
+            Spec::Responses(opts) => {
+                let id = format!("resp_{short}_{call_index}");
+                let store = opts.store.then(|| req.messages.clone());
+                let w =
+                    responses::EventWriter::new(&id, &model, created, opts.previous_response_id);
+                (Front::Responses(w), id, store)
+            }
+        };
+        (
+            front,
+            CallInfo {
+                id,
+                model,
+                created,
+                store,
+            },
+        )
+    }
+}
+
+fn final_body(gw: &Gateway, api: Api, front: &Front, info: &CallInfo, o: &turn::Outcome) -> Value {
+    match (api, front) {
+        (Api::Anthropic, _) => anthropic::response(&info.id, &info.model, o),
+        (_, Front::Chat(_, opts)) => openai::response(
+            &info.id,
+            &info.model,
+            info.created,
+            o,
+            opts,
+            &gw.renderer.tokenizer,
+        ),
+        _ => {
+            let previous = match front {
+                Front::Responses(w) => w.previous().clone(),
+                _ => None,
+            };
+            responses::response_object(&info.id, &info.model, info.created, &previous, Some(o))
+        }
+    }
+}
+
+/// Keeps a Responses conversation for `previous_response_id`.
+fn remember(gw: &Gateway, execution: &str, info: &mut CallInfo, o: &turn::Outcome) {
+    if let Some(mut conversation) = info.store.take() {
+        conversation.push(o.reply.clone());
+        gw.store_response(execution, info.id.clone(), conversation);
+    }
+}
+
 async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Response {
     gw.metrics.requests.fetch_add(1, Ordering::Relaxed);
     gw.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -118,126 +276,71 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
         let execution = authorize(&gw, &headers)?;
         let bytes = read_body(&gw, body).await?;
         let obj = parse_body(&bytes)?;
-        let default_max = gw.engine.context_window() as u32;
-        let req = match api {
-            Api::Anthropic => anthropic::parse(&obj, default_max, true)?,
-            Api::OpenAi => openai::parse(&obj, default_max)?,
-        };
-        let opts = openai::options(&obj)?;
         let gw2 = gw.clone();
-        let (p, req) =
-            tokio::task::spawn_blocking(move || gw2.prepare(&execution, &req).map(|p| (p, req)))
-                .await
-                .map_err(|e| CallError::Internal(format!("prepare task: {e}")))??;
-        Ok::<_, CallError>((p, req, opts))
+        tokio::task::spawn_blocking(move || {
+            let (req, spec) = parse_call(&gw2, api, &execution, &obj)?;
+            let p = gw2.prepare(&execution, &req)?;
+            let (front, info) = spec.build(&req, &execution, p.call_index);
+            Ok::<_, CallError>((p, req, front, info))
+        })
+        .await
+        .map_err(|e| CallError::Internal(format!("prepare task: {e}")))?
     }
     .await;
-    let (p, req, opts) = match prepared {
+    let (p, req, mut front, mut info) = match prepared {
         Ok(x) => x,
         Err(e) => return error_response(&gw, api, &e),
     };
-    let created = now_ns() / 1_000_000_000;
-    let model = req.model.clone();
-    let (id, id_prefix) = match api {
-        Api::Anthropic => (anthropic::message_id(&p.execution, p.call_index), "toolu_"),
-        Api::OpenAi => (
-            format!("chatcmpl-{}-{}", p.execution, p.call_index),
-            "call_",
-        ),
-    };
     if !req.stream {
-        let outcome =
-            match turn::run(&gw, &p, &req.stop, id_prefix, None, &mut |_| Vec::new()).await {
-                Ok(o) => o,
-                Err(e) => return error_response(&gw, api, &e),
-            };
+        let prefix = front.id_prefix();
+        let outcome = match turn::run(&gw, &p, &req.stop, prefix, None, &mut |_| Vec::new()).await {
+            Ok(o) => o,
+            Err(e) => return error_response(&gw, api, &e),
+        };
+        let execution = p.execution.clone();
         if let Err(e) = turn::commit(&gw, p, &outcome).await {
             return error_response(&gw, api, &e);
         }
-        let body = match api {
-            Api::Anthropic => anthropic::response(&id, &model, &outcome),
-            Api::OpenAi => openai::response(
-                &id,
-                &model,
-                created,
-                &outcome,
-                &opts,
-                &gw.renderer.tokenizer,
-            ),
-        };
-        return json_response(200, &body);
+        remember(&gw, &execution, &mut info, &outcome);
+        return json_response(200, &final_body(&gw, api, &front, &info, &outcome));
     }
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let gw2 = gw.clone();
     tokio::spawn(async move {
         let _permit = permit;
-        stream_call(gw2, api, p, req, opts, id, id_prefix, created, tx).await;
+        let first = front.start(p.prompt.len());
+        for f in first {
+            if tx.send(f).await.is_err() {
+                return;
+            }
+        }
+        let prefix = front.id_prefix();
+        let execution = p.execution.clone();
+        let result = turn::run(&gw2, &p, &req.stop, prefix, Some(&tx), &mut |d| {
+            front.delta(d)
+        })
+        .await;
+        let result = match result {
+            Ok(o) => turn::commit(&gw2, p, &o).await.map(|_| o),
+            Err(e) => Err(e),
+        };
+        let last = match result {
+            Ok(o) => {
+                remember(&gw2, &execution, &mut info, &o);
+                front.finish(&o)
+            }
+            Err(e) => {
+                gw2.metrics.errors.fetch_add(1, Ordering::Relaxed);
+                front.error(&e)
+            }
+        };
+        for f in last {
+            if tx.send(f).await.is_err() {
+                return;
+            }
+        }
     });
     sse(rx)
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn stream_call(
-    gw: Arc<Gateway>,
-    api: Api,
-    p: super::service::Prepared,
-    req: super::chat::ChatRequest,
-    opts: openai::ChatOptions,
-    id: String,
-    id_prefix: &'static str,
-    created: u64,
-    tx: mpsc::Sender<Bytes>,
-) {
-    let input_tokens = p.prompt.len();
-    let mut anth = None;
-    let mut oai = None;
-    let first = match api {
-        Api::Anthropic => {
-            let (w, f) = anthropic::StreamWriter::start(&id, &req.model, input_tokens);
-            anth = Some(w);
-            f
-        }
-        Api::OpenAi => {
-            let (w, f) = openai::ChunkWriter::start(&id, &req.model, created);
-            oai = Some(w);
-            f
-        }
-    };
-    for f in first {
-        if tx.send(f).await.is_err() {
-            return;
-        }
-    }
-    let mut frames = |d: &Delta| match (&mut anth, &mut oai) {
-        (Some(w), _) => w.delta(d),
-        (_, Some(w)) => w.delta(d),
-        _ => Vec::new(),
-    };
-    let result = turn::run(&gw, &p, &req.stop, id_prefix, Some(&tx), &mut frames).await;
-    let result = match result {
-        Ok(o) => turn::commit(&gw, p, &o).await.map(|_| o),
-        Err(e) => Err(e),
-    };
-    let last = match (result, api) {
-        (Ok(o), Api::Anthropic) => anth.as_mut().map(|w| w.finish(&o)).unwrap_or_default(),
-        (Ok(o), Api::OpenAi) => oai
-            .as_ref()
-            .map(|w| w.finish(&o, opts.include_usage))
-            .unwrap_or_default(),
-        (Err(e), Api::Anthropic) => {
-            gw.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            vec![anthropic::frame("error", &anthropic::error_body(&e))]
-        }
-        (Err(e), Api::OpenAi) => {
-            gw.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            vec![openai::data(&openai::error_body(&e))]
-        }
-    };
-    for f in last {
-        if tx.send(f).await.is_err() {
-            return;
-        }
-    }
 }
 
 async fn messages(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
@@ -250,6 +353,14 @@ async fn chat_completions(
     body: Body,
 ) -> Response {
     call(gw, Api::OpenAi, headers, body).await
+}
+
+async fn responses_create(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    call(gw, Api::Responses, headers, body).await
 }
 
 async fn count_tokens(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
@@ -296,6 +407,7 @@ pub fn api_router(gw: Arc<Gateway>) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses_create))
         .route("/v1/models", get(models))
         .fallback(fallback)
         .with_state(gw)

@@ -4,7 +4,7 @@
 //! of every call is written here, so every engine is recorded the same way.
 //!
 //! - [`http`]: listeners, routes, keys, limits, streaming bodies.
-//! - [`anthropic`], [`openai`]: each API's request parsing, responses,
+//! - [`anthropic`], [`openai`], [`responses`]: each API's request parsing, responses,
 //!   stream events and error shape; [`fields`] reads JSON by path.
 //! - [`chat`]: the API-neutral request; [`service`]: executions, prepare
 //!   and commit; [`execution`]: one execution's records, tree, tool-call
@@ -23,6 +23,7 @@ pub mod http;
 pub mod openai;
 pub mod parse;
 pub mod render;
+pub mod responses;
 pub mod script;
 pub mod service;
 pub mod store;

@@ -297,15 +297,17 @@ pub struct ChunkWriter {
 }
 
 impl ChunkWriter {
-    pub fn start(id: &str, model: &str, created: u64) -> (ChunkWriter, Vec<Bytes>) {
-        let w = ChunkWriter {
+    pub fn new(id: &str, model: &str, created: u64) -> ChunkWriter {
+        ChunkWriter {
             id: id.to_string(),
             model: model.to_string(),
             created,
             calls: 0,
-        };
-        let first = w.chunk(json!({"role": "assistant", "content": ""}), Value::Null);
-        (w, vec![first])
+        }
+    }
+
+    pub fn start(&self) -> Vec<Bytes> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), Value::Null)]
     }
 
     fn chunk(&self, delta: Value, finish: Value) -> Bytes {

@@ -355,6 +355,29 @@ impl Gateway {
         Ok(())
     }
 
+    /// A conversation stored by the Responses API in this execution.
+    pub fn previous_conversation(
+        &self,
+        execution: &str,
+        id: &str,
+    ) -> Result<Vec<Message>, CallError> {
+        let exec = self
+            .execution(execution)
+            .ok_or_else(|| CallError::NotFound(format!("no execution {execution}")))?;
+        let e = lock(&exec);
+        e.responses.get(id).cloned().ok_or_else(|| {
+            CallError::NotFound(format!(
+                "previous_response_id {id}: no stored response of this execution has that id"
+            ))
+        })
+    }
+
+    pub fn store_response(&self, execution: &str, id: String, conversation: Vec<Message>) {
+        if let Some(exec) = self.execution(execution) {
+            lock(&exec).responses.insert(id, conversation);
+        }
+    }
+
     /// The execution's records as `gyre trace` JSONL.
     pub fn trace_jsonl(&self, id: &str) -> Result<String, CallError> {
         let exec = self

@@ -98,7 +98,47 @@ def openai_conversation(key, stream):
     print("openai", "stream" if stream else "plain", "ok")
 
 
+R_TOOLS = [{"type": "function", "name": "bash", "description": "run a command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+
+
+def responses_conversation(key, stream):
+    """Turn 1 gets a function call; turn 2 sends its output, by full input
+    items (plain) or by previous_response_id (streamed)."""
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=key, max_retries=0)
+    items = [{"role": "user", "content": "what is here?"}]
+
+    def ask(input_items, previous=None):
+        kw = dict(model="gyre-policy", instructions="be brief", input=input_items, tools=R_TOOLS)
+        if previous:
+            kw["previous_response_id"] = previous
+        if not stream:
+            return client.responses.create(**kw)
+        kinds, done = [], None
+        for event in client.responses.create(stream=True, **kw):
+            kinds.append(event.type)
+            if event.type == "response.completed":
+                done = event.response
+        check(kinds[0] == "response.created" and kinds[-1] == "response.completed", f"events {kinds}")
+        return done
+
+    first = ask(items)
+    calls = [o for o in first.output if o.type == "function_call"]
+    check(len(calls) == 1 and json.loads(calls[0].arguments) == {"cmd": "ls"}, f"output {first.output}")
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "a.txt"}
+    if stream:
+        second = ask([result], previous=first.id)
+    else:
+        # As agents do: every output item goes back, then the result.
+        items += [o.model_dump(exclude_none=True) for o in first.output] + [result]
+        second = ask(items)
+    check(second.output_text == "There is one file.", f"text {second.output_text!r}")
+    print("responses", "stream" if stream else "plain", "ok")
+
+
 anthropic_conversation(KEYS[0], stream=False)
 anthropic_conversation(KEYS[1], stream=True)
 openai_conversation(KEYS[2], stream=False)
 openai_conversation(KEYS[3], stream=True)
+responses_conversation(KEYS[4], stream=False)
+responses_conversation(KEYS[5], stream=True)
