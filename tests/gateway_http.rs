@@ -295,3 +295,73 @@ fn records_survive_a_restart_on_the_same_store() {
     assert_eq!(records.len(), 2);
     assert_extends(&records);
 }
+
+/// The same streamed calls against an engine that fails mid-stream and one
+/// that does not: identical client-visible streams and identical records.
+#[test]
+fn reroute_mid_stream_is_invisible_and_the_record_exact() {
+    let dir = temp_dir("gw-reroute");
+    let line = json!({"text": "A longer answer that streams.", "thinking": "hm"});
+    let mut failing = line.clone();
+    failing["fail_after"] = json!(7);
+    let clean_dir = dir.join("clean");
+    std::fs::create_dir_all(&clean_dir).unwrap();
+    let flaky = start(&["--engine", &write_script(&dir, &[failing])]);
+    let clean = start(&["--engine", &write_script(&clean_dir, &[line])]);
+    let mut seen = Vec::new();
+    for g in [&flaky, &clean] {
+        let (id, key) = execution(g);
+        let (s, anth) = post(
+            g,
+            "/v1/messages",
+            &key,
+            &json!({"model": "m", "max_tokens": 200, "stream": true,
+            "messages": [{"role": "user", "content": "go"}]}),
+        );
+        assert_eq!(s, 200, "{anth}");
+        let (s, chat) = post(
+            g,
+            "/v1/chat/completions",
+            &key,
+            &json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "again"}]}),
+        );
+        assert_eq!(s, 200, "{chat}");
+        let chat: Vec<Value> = chat
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .map(|mut v| {
+                v["created"] = json!(0);
+                v["id"] = json!("");
+                v
+            })
+            .collect();
+        let anth: Vec<Value> = anth
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .map(|mut v| {
+                v["message"]["id"] = json!("");
+                v
+            })
+            .collect();
+        let records: Vec<(Value, Value)> = trace(g, &id)
+            .into_iter()
+            .map(|r| (r["output_ids"].clone(), r["output_logprobs"].clone()))
+            .collect();
+        seen.push((anth, chat, records));
+    }
+    assert_eq!(sse_text_of(&seen[0].0), "A longer answer that streams.");
+    assert_eq!(seen[0], seen[1]);
+    let (_, m) = admin(&flaky, "GET", "/metrics");
+    assert!(m.contains("gyre_gateway_reroutes_total 2"), "{m}");
+}
+
+fn sse_text_of(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|v| v["delta"]["type"] == "text_delta")
+        .map(|v| v["delta"]["text"].as_str().unwrap().to_string())
+        .collect()
+}

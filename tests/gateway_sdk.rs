@@ -1,7 +1,8 @@
 //! The official `openai` and `anthropic` Python SDKs against `gyre
 //! gateway` (tests/sdk/clients.py): multi-turn tool use over Messages, Chat
 //! Completions and Responses, streamed and not;
-//! every conversation's second call extends the first token for token.
+//! every conversation's second call extends the first token for token, and
+//! survives an engine failure mid-answer without the client noticing.
 //! Skips, loudly, only when python3 or the SDKs are missing (.ci/run
 //! installs them).
 
@@ -24,7 +25,8 @@ fn python_sdks_drive_multi_turn_tool_use() {
     let dir = temp_dir("gw-sdk");
     let script = vec![
         json!({"thinking": "look first", "text": "Listing.", "tool_calls": [{"name": "bash", "arguments": {"cmd": "ls"}}], "token_delay_ms": 0}),
-        json!({"text": "There is one file."}),
+        // Every second turn is rerouted mid-answer: the clients must not notice.
+        json!({"text": "There is one file.", "fail_after": 5}),
     ];
     let g = start(&["--engine", &write_script(&dir, &script)]);
     let execs: Vec<(String, String)> = (0..6).map(|_| execution(&g)).collect();
@@ -45,6 +47,11 @@ fn python_sdks_drive_multi_turn_tool_use() {
         stdout.lines().filter(|l| l.ends_with(" ok")).count(),
         6,
         "{stdout}"
+    );
+    let (_, metrics) = admin(&g, "GET", "/metrics");
+    assert!(
+        metrics.contains("gyre_gateway_reroutes_total 6"),
+        "{metrics}"
     );
     for (id, _) in &execs {
         let records = trace(&g, id);

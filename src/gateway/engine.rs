@@ -30,7 +30,11 @@ pub struct GenerateRequest {
     pub call_id: String,
     /// Calls this execution made before this one (0 for the first).
     pub call_index: u64,
+    /// The context: the call's prompt, then (on a retry after a reroute or
+    /// an engine failure) the output tokens already produced.
     pub prompt: Arc<[u32]>,
+    /// How many trailing prompt tokens are that output so far (0 at first).
+    pub resumed: usize,
     pub params: SamplingParams,
 }
 

@@ -6,7 +6,9 @@
 //! "arguments": {...}}], "finish": "stop"|"length", "token_delay_ms": 0}`
 //! (all optional). The completion is written in the model's format (think
 //! tags, hermes tool calls, end-of-turn token), tokenised, and sent token by
-//! token with a deterministic log-prob, honouring `max_tokens`.
+//! token with a deterministic log-prob, honouring `max_tokens`. With
+//! `"fail_after": N` the first attempt fails after N tokens; the retry
+//! (prompt + output so far) continues where it stopped.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -43,6 +45,9 @@ pub struct ScriptLine {
     pub finish: Option<String>,
     #[serde(default)]
     pub token_delay_ms: u64,
+    /// The first attempt fails after this many tokens (a reroute to test).
+    #[serde(default)]
+    pub fail_after: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +71,7 @@ struct Scripted {
     ids: Vec<u32>,
     finish: EngineFinish,
     delay: Duration,
+    fail_after: Option<usize>,
 }
 
 pub struct ScriptEngine {
@@ -138,6 +144,7 @@ impl ScriptEngine {
                 ids,
                 finish,
                 delay: Duration::from_millis(line.token_delay_ms),
+                fail_after: line.fail_after,
             });
         }
         if lines.is_empty() {
@@ -155,38 +162,46 @@ fn logprob(id: u32, i: usize) -> f32 {
     -0.01 - ((id as usize + i) % 17) as f32 * 0.05
 }
 
-async fn replay(
+struct Replay {
     ids: Arc<[u32]>,
+    /// Index of the first token to send (tokens before it were sent by an
+    /// earlier attempt and are now part of the prompt).
+    from: usize,
     finish: EngineFinish,
     delay: Duration,
     max_tokens: usize,
-    tx: mpsc::Sender<EngineEvent>,
-    cancel: CancellationToken,
-) {
-    let n = ids.len().min(max_tokens);
-    for (i, &id) in ids[..n].iter().enumerate() {
-        if !delay.is_zero() {
+    fail_at: Option<usize>,
+}
+
+async fn replay(r: Replay, tx: mpsc::Sender<EngineEvent>, cancel: CancellationToken) {
+    let end = r.ids.len().min(r.from + r.max_tokens);
+    for i in r.from..end {
+        if r.fail_at == Some(i) {
+            let why = format!("scripted failure after {i} tokens");
+            let _ = tx
+                .send(EngineEvent::Finish(EngineFinish::Failed(why)))
+                .await;
+            return;
+        }
+        if !r.delay.is_zero() {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+                _ = tokio::time::sleep(r.delay) => {}
             }
         }
-        if cancel.is_cancelled()
-            || tx
-                .send(EngineEvent::Token {
-                    id,
-                    logprob: logprob(id, i),
-                })
-                .await
-                .is_err()
-        {
+        let id = r.ids[i];
+        let token = EngineEvent::Token {
+            id,
+            logprob: logprob(id, i),
+        };
+        if cancel.is_cancelled() || tx.send(token).await.is_err() {
             return;
         }
     }
-    let finish = if n < ids.len() {
+    let finish = if end < r.ids.len() {
         EngineFinish::Length
     } else {
-        finish
+        r.finish
     };
     let _ = tx.send(EngineEvent::Finish(finish)).await;
 }
@@ -209,14 +224,15 @@ impl Engine for ScriptEngine {
         let line = &self.lines[i];
         let (tx, rx) = mpsc::channel(64);
         let cancel = CancellationToken::new();
-        tokio::spawn(replay(
-            line.ids.clone().into(),
-            line.finish.clone(),
-            line.delay,
-            request.params.max_tokens as usize,
-            tx,
-            cancel.clone(),
-        ));
+        let replay_of = Replay {
+            ids: line.ids.clone().into(),
+            from: request.resumed.min(line.ids.len()),
+            finish: line.finish.clone(),
+            delay: line.delay,
+            max_tokens: request.params.max_tokens as usize,
+            fail_at: line.fail_after.filter(|_| request.resumed == 0),
+        };
+        tokio::spawn(replay(replay_of, tx, cancel.clone()));
         Ok(Generation { events: rx, cancel })
     }
 }

@@ -85,6 +85,7 @@ pub struct Metrics {
     pub reused_tokens: AtomicU64,
     pub tokenized_tokens: AtomicU64,
     pub in_flight: AtomicU64,
+    pub reroutes: AtomicU64,
 }
 
 pub struct Gateway {
@@ -435,6 +436,11 @@ impl Gateway {
                 "gyre_gateway_tokenized_tokens_total",
                 "prompt tokens produced by the tokeniser",
                 g(&m.tokenized_tokens),
+            ),
+            (
+                "gyre_gateway_reroutes_total",
+                "engine failures retried from the output so far",
+                g(&m.reroutes),
             ),
             (
                 "gyre_gateway_in_flight",

@@ -10,6 +10,9 @@ use super::engine::{EngineEvent, EngineFinish, GenerateRequest};
 use super::parse::{OutputParser, Piece};
 use super::service::{CallError, Gateway, Prepared, Produced};
 
+/// Engine failures survived within one call before the client is told.
+pub const MAX_RETRIES: u32 = 2;
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Delta {
     Thinking(String),
@@ -157,16 +160,27 @@ pub async fn run(
     out: Option<&mpsc::Sender<Bytes>>,
     frames: &mut (dyn FnMut(&Delta) -> Vec<Bytes> + Send),
 ) -> Result<Outcome, CallError> {
-    let mut generation = gw
-        .engine
-        .start(GenerateRequest {
-            execution: p.execution.clone(),
-            call_id: p.call_id.clone(),
-            call_index: p.call_index,
-            prompt: p.prompt.clone(),
-            params: p.params.clone(),
-        })
-        .map_err(|e| CallError::Overloaded(e.to_string()))?;
+    let start = |produced: &[u32]| {
+        let mut prompt = p.prompt.to_vec();
+        prompt.extend_from_slice(produced);
+        let mut params = p.params.clone();
+        params.max_tokens = params
+            .max_tokens
+            .saturating_sub(produced.len() as u32)
+            .max(1);
+        gw.engine
+            .start(GenerateRequest {
+                execution: p.execution.clone(),
+                call_id: p.call_id.clone(),
+                call_index: p.call_index,
+                prompt: prompt.into(),
+                resumed: produced.len(),
+                params,
+            })
+            .map_err(|e| CallError::Overloaded(e.to_string()))
+    };
+    let mut generation = start(&[])?;
+    let mut retries_left = MAX_RETRIES;
     let eos = gw.renderer.tokenizer.eos();
     let mut detok = Detokenizer {
         ids: Vec::new(),
@@ -209,14 +223,25 @@ pub async fn run(
                 let deltas = reply.take(parser.push(&ready), id_prefix, p.call_index);
                 send(deltas, frames, out).await?;
             }
-            Some(EngineEvent::Finish(EngineFinish::Failed(why))) => {
-                return Err(CallError::Internal(format!("the engine failed: {why}")));
+            Some(EngineEvent::Finish(f)) if !matches!(f, EngineFinish::Failed(_)) => {
+                finish = Some(f)
             }
-            Some(EngineEvent::Finish(f)) => finish = Some(f),
-            None => {
-                return Err(CallError::Internal(
-                    "the engine stopped without finishing".into(),
-                ));
+            failed => {
+                // Failed or cancelled (a role switch): retry on the current
+                // route from prompt + output so far; the client sees nothing.
+                let why = match failed {
+                    Some(EngineEvent::Finish(EngineFinish::Failed(why))) => why,
+                    _ => "the engine stopped without finishing".to_string(),
+                };
+                if retries_left == 0 {
+                    return Err(CallError::Internal(format!("the engine failed: {why}")));
+                }
+                retries_left -= 1;
+                tracing::info!(call = %p.call_id, produced = ids.len(), "rerouting after: {why}");
+                gw.metrics
+                    .reroutes
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                generation = start(&ids)?;
             }
         }
     }
