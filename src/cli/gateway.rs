@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
+use crate::gateway::embedded::{self, EmbeddedEngine};
 use crate::gateway::http::{admin_router, api_router};
 use crate::gateway::parse::ToolFormat;
 use crate::gateway::render::Renderer;
@@ -74,20 +75,26 @@ fn renderer(args: &GatewayArgs) -> Result<Renderer> {
 pub fn run(args: GatewayArgs) -> Result<()> {
     let token = admin_token(&args)?;
     let tool_format: ToolFormat = args.tool_format.parse().map_err(anyhow::Error::msg)?;
-    let renderer = renderer(&args)?;
-    let engine: Arc<dyn crate::gateway::engine::Engine> = match args
-        .engine
-        .split_once('=')
-        .unwrap_or((&args.engine, ""))
-    {
-        ("script", file) if !file.is_empty() => Arc::new(ScriptEngine::load(
-            file.as_ref(),
-            &renderer.tokenizer,
-            args.context_window,
-        )?),
-        ("embedded", _) => bail!(
-            "--engine embedded is not wired into the gateway yet; use --engine script=FILE.jsonl"
-        ),
+    let (kind, file) = args.engine.split_once('=').unwrap_or((&args.engine, ""));
+    let (engine, renderer): (Arc<dyn crate::gateway::engine::Engine>, Renderer) = match kind {
+        "script" if !file.is_empty() => {
+            let renderer = renderer(&args)?;
+            let engine =
+                ScriptEngine::load(file.as_ref(), &renderer.tokenizer, args.context_window)?;
+            (Arc::new(engine), renderer)
+        }
+        "embedded" => {
+            if args.tokenizer.is_some() {
+                bail!(
+                    "--tokenizer does not apply to --engine embedded: the model has its own vocabulary"
+                );
+            }
+            let config = (!file.is_empty()).then(|| std::path::Path::new(file));
+            (
+                Arc::new(EmbeddedEngine::start(config)?),
+                embedded::renderer()?,
+            )
+        }
         _ => bail!(
             "--engine {:?}: expected script=FILE.jsonl or embedded[=CONFIG.toml]",
             args.engine

@@ -12,10 +12,12 @@
 //! - [`render`], [`template`], [`tokenizer`]: prompt ids with token-exact
 //!   history reuse; [`parse`]: output text to thinking, text and tool calls;
 //!   [`turn`]: one call from engine tokens to API deltas.
-//! - [`engine`]: the narrow engine trait; [`script`]: the replaying test engine.
+//! - [`engine`]: the narrow engine trait; [`script`]: the replaying test
+//!   engine; [`embedded`]: the gpu crate's engine behind that trait.
 
 pub mod anthropic;
 pub mod chat;
+pub mod embedded;
 pub mod engine;
 pub mod execution;
 pub mod fields;

@@ -66,11 +66,16 @@ pub const BUILTIN_SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_
 
 /// The built-in tokenizer.json (see the module doc).
 pub fn builtin_tokenizer_json() -> Value {
+    byte_tokenizer_json(&BUILTIN_SPECIALS)
+}
+
+/// A byte-level tokenizer.json: byte `b` is id `b`, then `specials`.
+pub fn byte_tokenizer_json(specials: &[&str]) -> Value {
     let mut vocab = serde_json::Map::new();
     for (i, c) in byte_chars().into_iter().enumerate() {
         vocab.insert(c.to_string(), json!(i));
     }
-    let added: Vec<Value> = BUILTIN_SPECIALS
+    let added: Vec<Value> = specials
         .iter()
         .enumerate()
         .map(|(i, t)| {

@@ -45,6 +45,16 @@ struct Detokenizer {
 }
 
 impl Detokenizer {
+    /// What is still held back (an incomplete character at the end), lossily.
+    fn finish(&mut self, gw: &Gateway) -> String {
+        let tok = &gw.renderer.tokenizer;
+        let before = tok.decode(&self.ids[self.prefix..self.read]);
+        let after = tok.decode(&self.ids[self.prefix..]);
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
+        after.get(before.len()..).unwrap_or("").to_string()
+    }
+
     fn push(&mut self, gw: &Gateway, id: u32) -> Option<String> {
         self.ids.push(id);
         let tok = &gw.renderer.tokenizer;
@@ -246,7 +256,12 @@ pub async fn run(
         }
     }
     drop(generation);
-    let (rest, s) = stop.push("");
+    let held = if hit.is_none() {
+        detok.finish(gw)
+    } else {
+        String::new()
+    };
+    let (rest, s) = stop.push(&held);
     hit = hit.or(s);
     let mut pieces = parser.push(&rest);
     if hit.is_none() {
