@@ -1,5 +1,6 @@
 //! The `gyre` command line: argument parsing and one module per command.
 
+pub mod bench;
 pub mod demo;
 pub mod gateway;
 pub mod logging;
@@ -50,6 +51,8 @@ pub enum Command {
     /// Serve the Anthropic and OpenAI APIs in front of an engine, recording
     /// every call's tokens (TITO); admin API on its own listener.
     Gateway(gateway::GatewayArgs),
+    /// Benchmarks that print figures (`gyre bench gateway`).
+    Bench(bench::BenchArgs),
 }
 
 /// Runs one parsed command line.
@@ -68,5 +71,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Simulate(args) => simulate::run(args),
         Command::Train(args) => train::run(args),
         Command::Gateway(args) => gateway::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

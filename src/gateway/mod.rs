@@ -13,9 +13,11 @@
 //!   history reuse; [`parse`]: output text to thinking, text and tool calls;
 //!   [`turn`]: one call from engine tokens to API deltas.
 //! - [`engine`]: the narrow engine trait; [`script`]: the replaying test
-//!   engine; [`embedded`]: the gpu crate's engine behind that trait.
+//!   engine; [`embedded`]: the gpu crate's engine behind that trait;
+//!   [`bench`]: the pieces of `gyre bench gateway`.
 
 pub mod anthropic;
+pub mod bench;
 pub mod chat;
 pub mod embedded;
 pub mod engine;
