@@ -194,6 +194,7 @@ fn bad_input_gets_each_apis_error_shape_and_records_nothing() {
         ("/v1/messages", vec![("x-api-key", key.clone())], json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "r"}]}]}).to_string().into_bytes(), 400, "toolu_nope"),
         ("/v1/messages", vec![("x-api-key", key.clone())], vec![b' '; 5000], 413, "larger than"),
+        ("/v1/messages", vec![("x-api-key", key.clone())], br#"{"model": "m", "max_tokens": 5, "temperature": -1, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, "temperature"),
         ("/v1/messages", vec![], ok.to_string().into_bytes(), 401, "no API key"),
         ("/v1/messages", vec![("x-api-key", "gyre-wrong".into())], ok.to_string().into_bytes(), 401, "invalid API key"),
         ("/v1/messages", vec![("x-api-key", other_key.clone()), ("x-gyre-execution", id.clone())], ok.to_string().into_bytes(), 403, "another execution"),

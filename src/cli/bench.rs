@@ -46,7 +46,8 @@ pub struct GatewayBenchArgs {
     /// Fixed latency of the engine and of the upstream, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub latency_ms: u64,
-    /// The `litellm` executable (default: on PATH); `off` skips LiteLLM.
+    /// The `litellm` executable (default: on PATH, else
+    /// target/litellm-venv/bin/litellm); `off` skips LiteLLM.
     #[arg(long)]
     pub litellm: Option<String>,
     /// Context and added tokens of the tokenisation comparison.

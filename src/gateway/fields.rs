@@ -119,3 +119,18 @@ pub fn str_or_list(o: &Obj, key: &str, path: &str) -> Result<Vec<String>, CallEr
         Some(v) => Err(wrong(path, "a string or an array of strings", v)),
     }
 }
+
+/// Sampling values every engine can take, or a 400 naming the field.
+pub fn check_sampling(p: &super::engine::SamplingParams) -> Result<(), CallError> {
+    if let Some(t) = p.temperature
+        && !(t.is_finite() && t >= 0.0)
+    {
+        return Err(bad(format!("temperature: {t} is not a number >= 0")));
+    }
+    if let Some(t) = p.top_p
+        && !(t > 0.0 && t <= 1.0)
+    {
+        return Err(bad(format!("top_p: {t} is not in (0, 1]")));
+    }
+    Ok(())
+}

@@ -279,6 +279,7 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
         let gw2 = gw.clone();
         tokio::task::spawn_blocking(move || {
             let (req, spec) = parse_call(&gw2, api, &execution, &obj)?;
+            super::fields::check_sampling(&req.params)?;
             let p = gw2.prepare(&execution, &req)?;
             let (front, info) = spec.build(&req, &execution, p.call_index);
             Ok::<_, CallError>((p, req, front, info))
