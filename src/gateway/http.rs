@@ -276,16 +276,13 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
         let execution = authorize(&gw, &headers)?;
         let bytes = read_body(&gw, body).await?;
         let obj = parse_body(&bytes)?;
-        let gw2 = gw.clone();
-        tokio::task::spawn_blocking(move || {
-            let (req, spec) = parse_call(&gw2, api, &execution, &obj)?;
-            super::fields::check_sampling(&req.params)?;
-            let p = gw2.prepare(&execution, &req)?;
-            let (front, info) = spec.build(&req, &execution, p.call_index);
-            Ok::<_, CallError>((p, req, front, info))
-        })
-        .await
-        .map_err(|e| CallError::Internal(format!("prepare task: {e}")))?
+        // Rendering is proportional to what is new (history is reused),
+        // so it runs inline.
+        let (req, spec) = parse_call(&gw, api, &execution, &obj)?;
+        super::fields::check_sampling(&req.params)?;
+        let p = gw.prepare(&execution, &req)?;
+        let (front, info) = spec.build(&req, &execution, p.call_index);
+        Ok::<_, CallError>((p, req, front, info))
     }
     .await;
     let (p, req, mut front, mut info) = match prepared {

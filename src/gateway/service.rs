@@ -16,7 +16,7 @@ use super::engine::{Engine, SamplingParams};
 use super::execution::{Execution, ExecutionMeta, StoredCall, chain_hashes, chain_start};
 use super::parse::ToolFormat;
 use super::render::{PriorCall, Renderer};
-use super::store::Store;
+use super::store::{Committer, Store};
 
 /// What went wrong, independent of the API that reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,7 +91,8 @@ pub struct Metrics {
 pub struct Gateway {
     pub engine: Arc<dyn Engine>,
     pub renderer: Renderer,
-    pub store: Store,
+    pub store: Arc<Store>,
+    committer: Committer,
     pub config: GatewayConfig,
     pub metrics: Metrics,
     pub permits: Arc<Semaphore>,
@@ -137,6 +138,8 @@ impl Gateway {
         config: GatewayConfig,
     ) -> Result<Gateway, super::store::StoreError> {
         let loaded = store.load()?;
+        let store = Arc::new(store);
+        let committer = Committer::start(store.clone(), loaded.next_seq)?;
         let vocab = renderer.tokenizer.vocab_size();
         let mut executions = HashMap::new();
         let mut keys = HashMap::new();
@@ -157,6 +160,7 @@ impl Gateway {
             engine,
             renderer,
             store,
+            committer,
             permits: Arc::new(Semaphore::new(config.max_concurrency)),
             config,
             metrics: Metrics::default(),
@@ -304,8 +308,8 @@ impl Gateway {
         })
     }
 
-    /// Makes the call durable, then visible. Run off the async threads.
-    pub fn commit(&self, p: &Prepared, produced: Produced) -> Result<(), CallError> {
+    /// Makes the call durable (group-committed), then visible.
+    pub async fn commit(&self, p: &Prepared, produced: Produced) -> Result<(), CallError> {
         let record = TitoRecord {
             execution: p.execution.clone(),
             call_id: p.call_id.clone(),
@@ -340,12 +344,12 @@ impl Gateway {
         let exec = self
             .execution(&p.execution)
             .ok_or_else(|| CallError::NotFound(format!("no execution {}", p.execution)))?;
-        let mut e = lock(&exec);
-        let seq = e.records.len() as u64;
-        self.store
-            .put_call(seq, &stored)
+        let stored = self
+            .committer
+            .commit(stored)
+            .await
             .map_err(|err| CallError::Internal(err.to_string()))?;
-        e.apply(&stored);
+        lock(&exec).apply(&stored);
         self.metrics.calls_committed.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .input_tokens

@@ -294,21 +294,14 @@ pub async fn run(
     })
 }
 
-/// Commits the outcome on a blocking thread (the store fsyncs).
-pub async fn commit(
-    gw: &std::sync::Arc<Gateway>,
-    p: Prepared,
-    o: &Outcome,
-) -> Result<Prepared, CallError> {
+/// Commits the outcome (durable before this returns).
+pub async fn commit(gw: &Gateway, p: Prepared, o: &Outcome) -> Result<Prepared, CallError> {
     let produced = Produced {
         output_ids: o.output_ids.clone(),
         output_logprobs: o.output_logprobs.clone(),
         reply: o.reply.clone(),
     };
-    let gw = gw.clone();
-    tokio::task::spawn_blocking(move || gw.commit(&p, produced).map(|_| p))
-        .await
-        .map_err(|e| CallError::Internal(format!("commit task: {e}")))?
+    gw.commit(&p, produced).await.map(|_| p)
 }
 
 #[cfg(test)]
