@@ -13,3 +13,4 @@ pub use gyre_simulations as simulations;
 
 pub mod cli;
 pub mod embedded;
+pub mod gateway;

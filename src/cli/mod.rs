@@ -1,6 +1,8 @@
 //! The `gyre` command line: argument parsing and one module per command.
 
+pub mod bench;
 pub mod demo;
+pub mod gateway;
 pub mod logging;
 pub mod simulate;
 pub mod trace;
@@ -46,6 +48,11 @@ pub enum Command {
     /// Train the embedded policy online on the built-in agent task through
     /// the whole elastic system, in the deterministic simulator.
     Train(train::TrainArgs),
+    /// Serve the Anthropic and OpenAI APIs in front of an engine, recording
+    /// every call's tokens (TITO); admin API on its own listener.
+    Gateway(gateway::GatewayArgs),
+    /// Benchmarks that print figures (`gyre bench gateway`).
+    Bench(bench::BenchArgs),
 }
 
 /// Runs one parsed command line.
@@ -63,5 +70,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Trace(args) => trace::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Train(args) => train::run(args),
+        Command::Gateway(args) => gateway::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

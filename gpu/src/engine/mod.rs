@@ -437,6 +437,14 @@ impl Engine {
         Ok(seq.completion(FinishReason::Aborted, self.version))
     }
 
+    /// Output tokens and their log-probs of a running request so far, for
+    /// callers that stream tokens as they are sampled.
+    pub fn output_so_far(&self, id: ReqId) -> Option<(&[u32], &[f32])> {
+        self.running
+            .get(&id)
+            .map(|s| (&s.tokens[s.prompt_len..], &s.logprobs[..]))
+    }
+
     /// Aborts everything in flight, in id order (a cell's cancel-all).
     pub fn abort_all(&mut self) -> Vec<Completion> {
         let mut ids: Vec<ReqId> = self.running.keys().copied().collect();
