@@ -33,7 +33,7 @@ use crate::model::forward::{Segment, forward_ragged};
 use crate::model::{ModelConfig, ParamBuffer, ParamLayout, Weights};
 
 /// Sizes of the engine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     pub model: ModelConfig,
     /// Token slots per KV block.
@@ -62,7 +62,7 @@ impl EngineConfig {
     pub fn geometry(&self) -> KvGeometry {
         KvGeometry {
             layers: self.model.layers,
-            width: self.model.width,
+            width: self.model.kv_width(),
             block_size: self.block_size,
         }
     }
