@@ -11,5 +11,6 @@ pub use gyre_rdma as rdma;
 pub use gyre_runtime as runtime;
 pub use gyre_simulations as simulations;
 
+pub mod backends;
 pub mod cli;
 pub mod embedded;

@@ -2,6 +2,7 @@
 
 pub mod demo;
 pub mod logging;
+pub mod serve;
 pub mod simulate;
 pub mod trace;
 pub mod train;
@@ -46,6 +47,8 @@ pub enum Command {
     /// Train the embedded policy online on the built-in agent task through
     /// the whole elastic system, in the deterministic simulator.
     Train(train::TrainArgs),
+    /// Serve the embedded engine over SGLang's native HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 /// Runs one parsed command line.
@@ -63,5 +66,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Trace(args) => trace::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Train(args) => train::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
