@@ -273,6 +273,78 @@ mod tests {
         assert_eq!(g.rid.as_deref(), Some("r1"));
     }
 
+    /// SGLang 0.5: output_ids, triples, finish dict with `matched`,
+    /// weight_version.
+    const V05: &str = r#"{"text": "Paris.", "output_ids": [12366, 13],
+        "meta_info": {"id": "9f2c", "finish_reason": {"type": "stop", "matched": 13},
+        "prompt_tokens": 6, "weight_version": "default", "completion_tokens": 2,
+        "cached_tokens": 3, "e2e_latency": 0.08,
+        "output_token_logprobs": [[-0.25, 12366, null], [-0.0625, 13, null]]}}"#;
+    /// SGLang 0.3/0.4: no output_ids, no weight_version, texts in triples.
+    const V03: &str = r#"{"text": " Paris", "meta_info": {"prompt_tokens": 6,
+        "completion_tokens": 2, "completion_tokens_wo_jump_forward": 2, "cached_tokens": 0,
+        "finish_reason": {"type": "length", "length": 2}, "id": "abc",
+        "input_token_logprobs": [[null, 128000, null]],
+        "output_token_logprobs": [[-0.5, 12366, " Paris"], [-1.5, 13, "."]],
+        "normalized_prompt_logprob": -2.1}}"#;
+    /// Early SGLang: a bare string finish reason, pairs, `rid`.
+    const V01: &str = r#"{"text": "ab", "meta_info": {"rid": "x", "prompt_tokens": 2,
+        "completion_tokens": 2, "finish_reason": "length",
+        "output_token_logprobs": [[-0.5, 97], [-0.75, 98]]}}"#;
+    /// An abort, as SGLang reports one, without log-probs asked for.
+    const ABORT: &str = r#"{"text": "", "output_ids": [5], "meta_info": {"id": "r",
+        "finish_reason": {"type": "abort", "message": "Abort before prefill",
+        "status_code": 400}, "prompt_tokens": 4, "completion_tokens": 1,
+        "weight_version": 7}}"#;
+
+    fn read(s: &str) -> Generation {
+        parse_generation(&serde_json::from_str(s).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn every_documented_sglang_shape_reads() {
+        let g = read(V05);
+        assert_eq!(g.output_ids, vec![12366, 13]);
+        assert_eq!(g.logprobs, vec![-0.25, -0.0625]);
+        assert_eq!(g.finish, Some(Finish::Stop { matched: Some(13) }));
+        assert_eq!(g.weight_version.as_deref(), Some("default"));
+        assert_eq!((g.prompt_tokens, g.cached_tokens), (Some(6), Some(3)));
+        let g = read(V03);
+        assert_eq!(g.output_ids, vec![12366, 13]);
+        assert_eq!(g.logprobs, vec![-0.5, -1.5]);
+        assert_eq!(g.finish, Some(Finish::Length));
+        assert_eq!(g.weight_version, None);
+        let g = read(V01);
+        assert_eq!((g.output_ids, g.rid.as_deref()), (vec![97, 98], Some("x")));
+        assert_eq!(g.finish, Some(Finish::Length));
+        let g = read(ABORT);
+        assert_eq!(
+            g.finish,
+            Some(Finish::Abort {
+                message: Some("Abort before prefill".into())
+            })
+        );
+        assert!(g.logprobs.is_empty());
+        assert_eq!(g.weight_version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn inconsistent_or_foreign_responses_are_refused_naming_the_field() {
+        let bad = |s: &str| parse_generation(&serde_json::from_str(s).unwrap()).unwrap_err();
+        assert!(bad(r#"{"text": "x"}"#).contains("meta_info"));
+        assert!(
+            bad(r#"{"output_ids": [1], "meta_info": {"output_token_logprobs": [[-1, 2]]}}"#)
+                .contains("disagree")
+        );
+        assert!(
+            bad(r#"{"meta_info": {"output_token_logprobs": [[null, 2]]}}"#).contains("log-prob")
+        );
+        assert!(
+            bad(r#"{"meta_info": {"finish_reason": {"type": "exploded"}}}"#)
+                .contains("finish_reason")
+        );
+    }
+
     #[test]
     fn sampling_reads_sglang_names_and_drops_unset_fields() {
         let s: Sampling =
