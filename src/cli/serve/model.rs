@@ -25,9 +25,12 @@ pub struct ServeConfig {
     /// Seed of fresh weights.
     #[serde(default)]
     pub seed: u64,
-    /// Caps a checkpoint's context (KV blocks are reserved per request for
-    /// prompt plus output).
+    /// Caps a checkpoint's context (default 4096; KV blocks are reserved
+    /// per request for prompt plus output).
     pub max_context: Option<usize>,
+    /// Memory for the KV cache when `kv_blocks` is not given (default
+    /// 2048 MiB, or less when `max_running` full-context requests need less).
+    pub kv_cache_mib: Option<usize>,
     /// Requests decoding at once (default 32).
     pub max_running: Option<usize>,
     /// KV blocks (default: room for `max_running` full-context requests).
@@ -76,7 +79,7 @@ impl ServeConfig {
                 let ck = hf::load(
                     dir,
                     &LoadOptions {
-                        max_context: self.max_context,
+                        max_context: Some(self.max_context.unwrap_or(DEFAULT_CHECKPOINT_CONTEXT)),
                     },
                 )
                 .with_context(|| format!("loading checkpoint {}", dir.display()))?;
@@ -106,6 +109,11 @@ impl ServeConfig {
             ec.block_size = b;
             ec.kv_blocks = running * model.context.div_ceil(b.max(1));
         }
+        let block_bytes = ec.geometry().block_floats() * 4;
+        let budget = self.kv_cache_mib.unwrap_or(2048) << 20;
+        // At least one full-context request fits, whatever the budget.
+        let one = ec.geometry().blocks_for(model.context);
+        ec.kv_blocks = ec.kv_blocks.min(budget / block_bytes.max(1)).max(one);
         if let Some(k) = self.kv_blocks {
             ec.kv_blocks = k;
         }
@@ -123,10 +131,15 @@ impl ServeConfig {
             served_model_name,
             model,
             eos_token_ids: eos,
-            max_context: self.max_context,
+            max_context: Some(self.max_context.unwrap_or(DEFAULT_CHECKPOINT_CONTEXT)),
         })
     }
 }
+
+/// A checkpoint's context unless `max_context` says otherwise: Qwen3
+/// declares 40 960 positions, which would reserve KV blocks for 40 K tokens
+/// per request.
+const DEFAULT_CHECKPOINT_CONTEXT: usize = 4096;
 
 /// Gyre's byte model ends a turn with `<|end|>` or `<|eos|>`.
 fn gyre_eos() -> Vec<u32> {
