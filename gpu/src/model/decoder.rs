@@ -28,13 +28,17 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// x · Wᵀ (+ b) for x of rank 2 or 3, as candle-nn's `Linear` does.
+    /// x · Wᵀ (+ b) for x of rank 2 or 3 (a batch is flattened into one
+    /// matrix product: one large GEMM instead of a batched strided one).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let w = match *x.dims() {
-            [b, _, _] => self.weight.broadcast_left(b)?.t()?,
-            _ => self.weight.t()?,
+        let y = match *x.dims() {
+            [b, t, d] => x.reshape((b * t, d))?.matmul(&self.weight.t()?)?.reshape((
+                b,
+                t,
+                self.weight.dim(0)?,
+            ))?,
+            _ => x.matmul(&self.weight.t()?)?,
         };
-        let y = x.matmul(&w)?;
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
