@@ -11,6 +11,7 @@ pub use gyre_rdma as rdma;
 pub use gyre_runtime as runtime;
 pub use gyre_simulations as simulations;
 
+pub mod backends;
 pub mod cli;
 pub mod embedded;
 pub mod gateway;

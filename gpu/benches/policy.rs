@@ -1,12 +1,14 @@
-//! Throughput of the embedded policy with the default small model:
-//! generation (one request, 32 concurrent), training micro-steps, release
-//! and restore of engine memory by tag, export/import of the weight buffer.
+//! Throughput of the embedded policy with the default small model and a
+//! Qwen3-shaped decoder of the same width (GQA, RoPE, q/k norm, SwiGLU,
+//! tied head): generation (one request, 32 concurrent) and training
+//! micro-steps for both; release and restore of engine memory by tag and
+//! export/import of the weight buffer for the default model.
 
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gyre_gpu::engine::{Engine, EngineConfig, MemTag, Request, SamplingParams};
-use gyre_gpu::model::{ModelConfig, ParamBuffer};
+use gyre_gpu::model::{Arch, DecoderArch, Family, ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{Loss, MicroStep, TrainRow, Trainer};
 
 const NEW_TOKENS: u32 = 64;
@@ -22,30 +24,69 @@ fn request(i: u64) -> Request {
     }
 }
 
+/// A Qwen3-shaped decoder as wide and deep as the default model, over the
+/// same vocabulary, so the two architectures compare at equal size.
+fn qwen3_small() -> ModelConfig {
+    ModelConfig {
+        ffn: 384,
+        arch: Arch::Decoder(DecoderArch {
+            family: Family::Qwen3,
+            kv_heads: 2,
+            head_dim: 32,
+            rope_theta: 1_000_000.0,
+            rope_scaling: None,
+            norm_eps: 1e-6,
+            tie_embeddings: true,
+            attention_bias: false,
+        }),
+        ..ModelConfig::default()
+    }
+}
+
+fn models() -> [(&'static str, ModelConfig); 2] {
+    [("gyre", ModelConfig::default()), ("qwen3", qwen3_small())]
+}
+
 fn generation(c: &mut Criterion) {
-    let cfg = ModelConfig::default();
-    let params = ParamBuffer::init(&cfg, 1).unwrap();
-    let mut engine = Engine::new(EngineConfig::for_model(cfg, 32), &params).unwrap();
     let mut g = c.benchmark_group("generate");
     g.sample_size(10).measurement_time(Duration::from_secs(10));
-    for concurrent in [1u64, 32] {
-        g.throughput(Throughput::Elements(concurrent * u64::from(NEW_TOKENS)));
-        g.bench_function(format!("{concurrent}_requests_x{NEW_TOKENS}_tokens"), |b| {
-            b.iter(|| {
-                for i in 0..concurrent {
-                    engine.submit(request(i)).unwrap();
-                }
-                engine.run_until_idle().unwrap()
-            })
-        });
+    for (name, cfg) in models() {
+        let params = ParamBuffer::init(&cfg, 1).unwrap();
+        let mut engine = Engine::new(EngineConfig::for_model(cfg, 32), &params).unwrap();
+        for concurrent in [1u64, 32] {
+            g.throughput(Throughput::Elements(concurrent * u64::from(NEW_TOKENS)));
+            g.bench_function(
+                format!("{name}_{concurrent}_requests_x{NEW_TOKENS}_tokens"),
+                |b| {
+                    b.iter(|| {
+                        for i in 0..concurrent {
+                            engine.submit(request(i)).unwrap();
+                        }
+                        engine.run_until_idle().unwrap()
+                    })
+                },
+            );
+        }
     }
     g.finish();
 }
 
 fn training(c: &mut Criterion) {
-    let cfg = ModelConfig::default();
-    let params = ParamBuffer::init(&cfg, 1).unwrap();
-    let mut trainer = Trainer::new(&cfg, &params).unwrap();
+    let mut g = c.benchmark_group("train");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    for (name, cfg) in models() {
+        train_one(&mut g, name, &cfg);
+    }
+    g.finish();
+}
+
+fn train_one(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    cfg: &ModelConfig,
+) {
+    let params = ParamBuffer::init(cfg, 1).unwrap();
+    let mut trainer = Trainer::new(cfg, &params).unwrap();
     let (rows_n, len) = (8usize, 128usize);
     let rows: Vec<TrainRow> = (0..rows_n)
         .map(|r| TrainRow {
@@ -58,10 +99,8 @@ fn training(c: &mut Criterion) {
         })
         .collect();
     let step = MicroStep::whole(&rows);
-    let mut g = c.benchmark_group("train");
-    g.sample_size(10).measurement_time(Duration::from_secs(10));
     g.throughput(Throughput::Elements((rows_n * len) as u64));
-    g.bench_function(format!("fwd_bwd_{rows_n}x{len}_tokens"), |b| {
+    g.bench_function(format!("{name}_fwd_bwd_{rows_n}x{len}_tokens"), |b| {
         b.iter(|| {
             let r = trainer
                 .accumulate(&rows, &step, &Loss::Policy(Default::default()), None)
@@ -70,7 +109,6 @@ fn training(c: &mut Criterion) {
             r
         })
     });
-    g.finish();
 }
 
 fn memory(c: &mut Criterion) {

@@ -15,6 +15,8 @@ pub enum ModelError {
     Length { expected: usize, got: usize },
     #[error("malformed parameter bytes: {0}")]
     Bytes(String),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     #[error("safetensors file: {0}")]
     Safetensors(String),
     #[error("token id {token} at position {position} is outside the vocabulary of {vocab}")]

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod gateway;
 pub mod logging;
+pub mod serve;
 pub mod simulate;
 pub mod trace;
 pub mod train;
@@ -53,6 +54,8 @@ pub enum Command {
     Gateway(gateway::GatewayArgs),
     /// Benchmarks that print figures (`gyre bench gateway`).
     Bench(bench::BenchArgs),
+    /// Serve the embedded engine over SGLang's native HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 /// Runs one parsed command line.
@@ -72,5 +75,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => train::run(args),
         Command::Gateway(args) => gateway::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }

@@ -205,6 +205,7 @@ impl EmbeddedEngine {
             width: cfg.width.unwrap_or(d.width),
             ffn: cfg.ffn.unwrap_or(d.ffn),
             context: cfg.context.unwrap_or(4096),
+            ..d
         };
         model
             .validate()

@@ -33,7 +33,7 @@ use crate::model::forward::{Segment, forward_ragged};
 use crate::model::{ModelConfig, ParamBuffer, ParamLayout, Weights};
 
 /// Sizes of the engine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     pub model: ModelConfig,
     /// Token slots per KV block.
@@ -62,7 +62,7 @@ impl EngineConfig {
     pub fn geometry(&self) -> KvGeometry {
         KvGeometry {
             layers: self.model.layers,
-            width: self.model.width,
+            width: self.model.kv_width(),
             block_size: self.block_size,
         }
     }
@@ -85,6 +85,7 @@ struct Seq {
     /// Keys and values to install at admission.
     import: Option<KvSnapshot>,
     versions: Option<(u64, u64)>,
+    top_k: Option<u32>,
 }
 
 impl Seq {
@@ -229,6 +230,26 @@ impl Engine {
         self.enqueue(req, None)
     }
 
+    /// Queues a request that samples only among its `top_k` most likely
+    /// tokens (SGLang's `top_k`; the recorded log-probs stay the model's).
+    pub fn submit_top_k(&mut self, req: Request, top_k: u32) -> Result<ReqId, EngineError> {
+        let id = self.enqueue(req, None)?;
+        if let Some(seq) = self.waiting.back_mut() {
+            seq.top_k = Some(top_k).filter(|&k| k > 0);
+        }
+        Ok(id)
+    }
+
+    /// What a request in flight has generated so far (output tokens and
+    /// their log-probs), for streaming; `None` once it finished.
+    pub fn progress(&self, id: ReqId) -> Option<(&[u32], &[f32])> {
+        let seq = self
+            .running
+            .get(&id)
+            .or_else(|| self.waiting.iter().find(|s| s.id == id))?;
+        Some((&seq.tokens[seq.prompt_len..], &seq.logprobs))
+    }
+
     fn enqueue(&mut self, req: Request, import: Option<KvSnapshot>) -> Result<ReqId, EngineError> {
         let budget = self.validate(&req)?;
         let id = ReqId(self.next_id);
@@ -244,6 +265,7 @@ impl Engine {
             blocks: Vec::new(),
             import,
             versions: None,
+            top_k: None,
         });
         Ok(id)
     }
@@ -373,7 +395,7 @@ impl Engine {
             let Some(seq) = self.running.get_mut(&id) else {
                 continue;
             };
-            let (token, lp) = sampler::sample(&lg, &seq.params, seq.tokens.len());
+            let (token, lp) = sampler::sample_top_k(&lg, &seq.params, seq.top_k, seq.tokens.len());
             seq.tokens.push(token);
             seq.logprobs.push(lp);
             self.generated += 1;

@@ -27,6 +27,17 @@ fn uniform(seed: u64, position: usize) -> f64 {
 
 /// Picks the token for `position`; returns it with its model log-prob.
 pub fn sample(logits: &[f32], p: &SamplingParams, position: usize) -> (u32, f32) {
+    sample_top_k(logits, p, None, position)
+}
+
+/// [`sample`] keeping only the `top_k` most likely tokens before the
+/// nucleus cut (SGLang's order: top-k, then top-p).
+pub fn sample_top_k(
+    logits: &[f32],
+    p: &SamplingParams,
+    top_k: Option<u32>,
+    position: usize,
+) -> (u32, f32) {
     let lp = log_probs(logits);
     let argmax = || {
         lp.iter()
@@ -46,10 +57,13 @@ pub fn sample(logits: &[f32], p: &SamplingParams, position: usize) -> (u32, f32)
             .enumerate()
             .map(|(i, &x)| (i, ((x - top) / t).exp()))
             .collect();
-        let z: f64 = probs.iter().map(|x| x.1).sum();
         // Stable order (probability, then id) so the nucleus and the draw
         // are reproducible.
         probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if let Some(k) = top_k.filter(|&k| k > 0) {
+            probs.truncate(k as usize);
+        }
+        let z: f64 = probs.iter().map(|x| x.1).sum();
         let mut keep = probs.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
@@ -108,5 +122,12 @@ mod tests {
         let lp = log_probs(&logits);
         let total: f64 = lp.iter().map(|x| x.exp()).sum();
         assert!((total - 1.0).abs() < 1e-12);
+        // top_k 2 keeps tokens 1 and 3 only; the log-prob stays the model's.
+        let two: Vec<u32> = (0..200)
+            .map(|pos| sample_top_k(&logits, &p, Some(2), pos).0)
+            .collect();
+        assert!(two.iter().all(|t| *t == 1 || *t == 3) && two.contains(&3));
+        let (t, l) = sample_top_k(&logits, &p, Some(1), 0);
+        assert_eq!((t, f64::from(l) as f32), (1, lp[1] as f32));
     }
 }

@@ -6,7 +6,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::config::ModelConfig;
+use super::config::{Arch, DecoderArch, Family, ModelConfig};
 use crate::error::ModelError;
 
 /// One named tensor inside the flat buffer.
@@ -29,21 +29,10 @@ pub struct ParamLayout {
 impl ParamLayout {
     pub fn new(cfg: &ModelConfig) -> Result<Self, ModelError> {
         cfg.validate()?;
-        let (v, d, f, c) = (cfg.vocab, cfg.width, cfg.ffn, cfg.context);
-        let mut shapes: Vec<(String, Vec<usize>)> = vec![
-            ("tok_emb".into(), vec![v, d]),
-            ("pos_emb".into(), vec![c, d]),
-        ];
-        for l in 0..cfg.layers {
-            shapes.push((format!("layers.{l}.attn_norm"), vec![d]));
-            shapes.push((format!("layers.{l}.wqkv"), vec![d, 3 * d]));
-            shapes.push((format!("layers.{l}.wo"), vec![d, d]));
-            shapes.push((format!("layers.{l}.mlp_norm"), vec![d]));
-            shapes.push((format!("layers.{l}.w1"), vec![d, f]));
-            shapes.push((format!("layers.{l}.w2"), vec![f, d]));
-        }
-        shapes.push(("final_norm".into(), vec![d]));
-        shapes.push(("lm_head".into(), vec![d, v]));
+        let shapes = match &cfg.arch {
+            Arch::Gyre => gyre_shapes(cfg),
+            Arch::Decoder(d) => decoder_shapes(cfg, d),
+        };
         let mut offset = 0;
         let specs = shapes
             .into_iter()
@@ -75,6 +64,83 @@ impl ParamLayout {
     }
 }
 
+/// Gyre's model: fused QKV and matrices stored input-major (`x · W`).
+fn gyre_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (v, d, f, c) = (cfg.vocab, cfg.width, cfg.ffn, cfg.context);
+    let mut shapes: Vec<(String, Vec<usize>)> = vec![
+        ("tok_emb".into(), vec![v, d]),
+        ("pos_emb".into(), vec![c, d]),
+    ];
+    for l in 0..cfg.layers {
+        shapes.push((format!("layers.{l}.attn_norm"), vec![d]));
+        shapes.push((format!("layers.{l}.wqkv"), vec![d, 3 * d]));
+        shapes.push((format!("layers.{l}.wo"), vec![d, d]));
+        shapes.push((format!("layers.{l}.mlp_norm"), vec![d]));
+        shapes.push((format!("layers.{l}.w1"), vec![d, f]));
+        shapes.push((format!("layers.{l}.w2"), vec![f, d]));
+    }
+    shapes.push(("final_norm".into(), vec![d]));
+    shapes.push(("lm_head".into(), vec![d, v]));
+    shapes
+}
+
+/// A Hugging Face decoder: the checkpoint's own tensor names and PyTorch
+/// shapes (`Linear` weights output-major), so loading and saving a
+/// checkpoint is a copy per tensor and nothing is renamed or transposed.
+fn decoder_shapes(cfg: &ModelConfig, a: &DecoderArch) -> Vec<(String, Vec<usize>)> {
+    let (v, d, f) = (cfg.vocab, cfg.width, cfg.ffn);
+    let (q, kv, hd) = (cfg.heads * a.head_dim, a.kv_heads * a.head_dim, a.head_dim);
+    let mut shapes: Vec<(String, Vec<usize>)> =
+        vec![("model.embed_tokens.weight".into(), vec![v, d])];
+    for l in 0..cfg.layers {
+        let p = format!("model.layers.{l}");
+        shapes.push((format!("{p}.input_layernorm.weight"), vec![d]));
+        for (name, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+            shapes.push((format!("{p}.self_attn.{name}.weight"), vec![out, d]));
+            if a.attention_bias {
+                shapes.push((format!("{p}.self_attn.{name}.bias"), vec![out]));
+            }
+        }
+        shapes.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
+        if a.family == Family::Qwen3 {
+            shapes.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
+            shapes.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
+        }
+        shapes.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
+        shapes.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
+        shapes.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
+        shapes.push((format!("{p}.mlp.down_proj.weight"), vec![d, f]));
+    }
+    shapes.push(("model.norm.weight".into(), vec![d]));
+    if !a.tie_embeddings {
+        shapes.push(("lm_head.weight".into(), vec![v, d]));
+    }
+    shapes
+}
+
+/// How a fresh parameter starts: norms at one, biases at zero, matrices
+/// drawn, residual projections scaled down.
+enum Init {
+    One,
+    Zero,
+    Normal(f64),
+}
+
+fn init_of(name: &str, layers: usize) -> Init {
+    if name.ends_with("norm") || name.ends_with("norm.weight") {
+        return Init::One;
+    }
+    if name.ends_with(".bias") {
+        return Init::Zero;
+    }
+    let resid = [".wo", ".w2", "o_proj.weight", "down_proj.weight"];
+    if resid.iter().any(|r| name.ends_with(r)) {
+        Init::Normal(0.02 * (1.0 / (2.0 * layers as f64).sqrt()))
+    } else {
+        Init::Normal(0.02)
+    }
+}
+
 const MAGIC: &[u8; 8] = b"GYREPRM1";
 const HEADER: usize = 32;
 
@@ -88,27 +154,24 @@ pub struct ParamBuffer {
 }
 
 impl ParamBuffer {
-    /// Fresh weights: norms at one, matrices drawn N(0, 0.02²) from a
-    /// seeded stream, residual projections scaled down by √(2·layers) so
-    /// the residual stream does not grow with depth. Same seed, same bits.
+    /// Fresh weights: norms at one, biases at zero, matrices drawn
+    /// N(0, 0.02²) from a seeded stream, residual projections scaled down
+    /// by √(2·layers) so the residual stream does not grow with depth.
+    /// Same seed, same bits.
     pub fn init(cfg: &ModelConfig, seed: u64) -> Result<Self, ModelError> {
         let layout = ParamLayout::new(cfg)?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut data = vec![0f32; layout.total];
-        let resid = 1.0 / (2.0 * cfg.layers as f64).sqrt();
         for s in &layout.specs {
             let out = &mut data[s.offset..s.offset + s.len];
-            if s.name.ends_with("norm") {
-                out.fill(1.0);
-                continue;
-            }
-            let scale = if s.name.ends_with(".wo") || s.name.ends_with(".w2") {
-                0.02 * resid
-            } else {
-                0.02
-            };
-            for x in out.iter_mut() {
-                *x = (normal(&mut rng) * scale) as f32;
+            match init_of(&s.name, cfg.layers) {
+                Init::One => out.fill(1.0),
+                Init::Zero => out.fill(0.0),
+                Init::Normal(scale) => {
+                    for x in out.iter_mut() {
+                        *x = (normal(&mut rng) * scale) as f32;
+                    }
+                }
             }
         }
         Ok(ParamBuffer {

@@ -15,9 +15,10 @@ use crate::error::ModelError;
 const CONFIG_KEY: &str = "gyre.model_config";
 const VERSION_KEY: &str = "gyre.policy_version";
 
-struct F32View<'a> {
-    shape: &'a [usize],
-    data: &'a [f32],
+/// A slice of the flat buffer as one safetensors tensor.
+pub(crate) struct F32View<'a> {
+    pub(crate) shape: &'a [usize],
+    pub(crate) data: &'a [f32],
 }
 
 impl View for F32View<'_> {

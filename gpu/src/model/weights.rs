@@ -1,34 +1,23 @@
 //! The flat buffer seen as tensors. Inference builds plain tensors once per
 //! weight version; training builds `Var`s so candle tracks gradients, and
-//! reads those gradients back into the same flat layout.
+//! reads those gradients back into the same flat layout. Which
+//! architecture the tensors feed is the configuration's [`Arch`].
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 
-use super::config::ModelConfig;
+use super::Model;
+use super::config::{Arch, ModelConfig};
+use super::decoder::DecoderWeights;
+use super::gyre::GyreWeights;
 use super::params::{ParamBuffer, ParamLayout};
 use crate::error::ModelError;
 
-/// One block's tensors.
+/// A model's tensors, by architecture.
 #[derive(Clone, Debug)]
-pub struct LayerWeights {
-    pub attn_norm: Tensor,
-    pub wqkv: Tensor,
-    pub wo: Tensor,
-    pub mlp_norm: Tensor,
-    pub w1: Tensor,
-    pub w2: Tensor,
-}
-
-/// All tensors of the model, in layout order.
-#[derive(Clone, Debug)]
-pub struct Weights {
-    pub cfg: ModelConfig,
-    pub tok_emb: Tensor,
-    pub pos_emb: Tensor,
-    pub layers: Vec<LayerWeights>,
-    pub final_norm: Tensor,
-    pub lm_head: Tensor,
+pub enum Weights {
+    Gyre(GyreWeights),
+    Decoder(DecoderWeights),
 }
 
 impl Weights {
@@ -47,7 +36,7 @@ impl Weights {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::assemble(cfg, ts))
+        Self::assemble(cfg, &layout, &ts)
     }
 
     /// Tensors backed by fresh `Var`s (returned in layout order) so that a
@@ -66,35 +55,31 @@ impl Weights {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let ts = vars.iter().map(|v| v.as_tensor().clone()).collect();
-        Ok((Self::assemble(cfg, ts), vars))
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        Ok((Self::assemble(cfg, &layout, &ts)?, vars))
     }
 
-    /// `ts` holds one tensor per layout spec, in layout order.
-    fn assemble(cfg: &ModelConfig, ts: Vec<Tensor>) -> Self {
-        let at = |i: usize| ts[i].clone();
-        let layers = (0..cfg.layers)
-            .map(|l| {
-                let b = 2 + 6 * l;
-                LayerWeights {
-                    attn_norm: at(b),
-                    wqkv: at(b + 1),
-                    wo: at(b + 2),
-                    mlp_norm: at(b + 3),
-                    w1: at(b + 4),
-                    w2: at(b + 5),
-                }
-            })
-            .collect();
-        let end = 2 + 6 * cfg.layers;
-        Weights {
-            cfg: cfg.clone(),
-            tok_emb: at(0),
-            pos_emb: at(1),
-            layers,
-            final_norm: at(end),
-            lm_head: at(end + 1),
+    fn assemble(
+        cfg: &ModelConfig,
+        layout: &ParamLayout,
+        ts: &[Tensor],
+    ) -> Result<Self, ModelError> {
+        Ok(match &cfg.arch {
+            Arch::Gyre => Weights::Gyre(GyreWeights::assemble(cfg, ts)),
+            Arch::Decoder(a) => Weights::Decoder(DecoderWeights::assemble(cfg, a, layout, ts)?),
+        })
+    }
+
+    /// The architecture's arithmetic.
+    pub fn model(&self) -> &dyn Model {
+        match self {
+            Weights::Gyre(w) => w,
+            Weights::Decoder(w) => w,
         }
+    }
+
+    pub fn cfg(&self) -> &ModelConfig {
+        self.model().config()
     }
 }
 
