@@ -12,9 +12,7 @@ fn train(cfg: &EmbeddedConfig) -> (gyre::embedded::cluster::EmbeddedCluster, Tra
 }
 
 fn tiny(seed: u64, steps: u64) -> EmbeddedConfig {
-    let mut cfg = EmbeddedConfig::tiny(seed);
-    cfg.sched.target_steps = steps;
-    cfg
+    EmbeddedConfig::tiny(seed).with_steps(steps)
 }
 
 #[test]

@@ -195,17 +195,22 @@ impl ActixGyre {
         to: ActorId,
         msg: BoxMsg,
     ) {
-        if !cache.contains_key(&to) {
-            let Some(route) = self.shared.routes.get(&to).map(|r| Arc::clone(r.value())) else {
-                self.count_dropped(from, to);
-                return;
-            };
-            if cache.len() >= ROUTE_CACHE_LIMIT {
-                cache.clear();
+        // One lookup on the hit path, the common case.
+        let delivered = match cache.get(&to) {
+            Some(route) => route(from, msg),
+            None => {
+                let Some(route) = self.shared.routes.get(&to).map(|r| Arc::clone(r.value())) else {
+                    self.count_dropped(from, to);
+                    return;
+                };
+                if cache.len() >= ROUTE_CACHE_LIMIT {
+                    cache.clear();
+                }
+                let delivered = route(from, msg);
+                cache.insert(to, route);
+                delivered
             }
-            cache.insert(to, route);
-        }
-        let delivered = cache.get(&to).is_some_and(|route| route(from, msg));
+        };
         if !delivered {
             cache.remove(&to);
             self.count_dropped(from, to);

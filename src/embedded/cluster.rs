@@ -24,14 +24,14 @@ use gyre_gpu::engine::{Engine, EngineConfig, EngineError};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{ObjectiveConfig, OptimConfig, TrainerError};
 use gyre_runtime::sim::{IoModel, Latency, LinkModel, Sim, SimConfig};
-use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, SECS};
+use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, Recipient, SECS};
 use serde::{Deserialize, Serialize};
 
 use super::engine::EngineWorker;
 use super::memory::MemoryWorker;
 use super::shared::{EngineHandle, Shared, TrainerHandle, lock};
 use super::task::{EvaluatorWorker, HarnessWorker, TaskConfig, TaskConfigError, Workspaces};
-use super::trainer::{TrainerWorker, trainer_handle};
+use super::trainer::{TrainerWorker, UpdateSummary, trainer_handle};
 use super::transfer::TransferWorker;
 
 /// Modelled device time of each kind of work, in the simulator's virtual
@@ -175,6 +175,12 @@ impl EmbeddedConfig {
         c.optim.lr = 2e-2;
         c
     }
+
+    /// The same cluster, trained for `steps` steps.
+    pub fn with_steps(mut self, steps: u64) -> Self {
+        self.sched.target_steps = steps;
+        self
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -276,6 +282,7 @@ pub struct EmbeddedBackends {
     task_seed: u64,
     engine_handles: Vec<EngineHandle>,
     trainer_handles: Vec<TrainerHandle>,
+    observer: Option<Recipient<UpdateSummary>>,
 }
 
 impl EmbeddedBackends {
@@ -319,7 +326,8 @@ impl BackendFactory for EmbeddedBackends {
             self.shared.clone(),
             self.engine_seed(u64::from(c)),
         );
-        let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective);
+        let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective)
+            .with_observer(self.observer);
         let memory = MemoryWorker::new(eh.clone(), th.clone());
         self.engine_handles.push(eh);
         self.trainer_handles.push(th);
@@ -377,6 +385,16 @@ impl BackendFactory for EmbeddedBackends {
 /// and the scheduler (which spawns the protocol actors) on `host`, as the
 /// shared [`ClusterPlan`] places them.
 pub fn assemble<H: Host>(host: &mut H, cfg: &EmbeddedConfig) -> Result<Assembled, BuildError> {
+    assemble_observed(host, cfg, None)
+}
+
+/// [`assemble`], with every optimizer update also reported to `observer`
+/// (an application's monitor, e.g. a user's actix actor).
+pub fn assemble_observed<H: Host>(
+    host: &mut H,
+    cfg: &EmbeddedConfig,
+    observer: Option<Recipient<UpdateSummary>>,
+) -> Result<Assembled, BuildError> {
     if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
         return Err(BuildError::Counted);
     }
@@ -398,6 +416,7 @@ pub fn assemble<H: Host>(host: &mut H, cfg: &EmbeddedConfig) -> Result<Assembled
         task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
         engine_handles: Vec::new(),
         trainer_handles: Vec::new(),
+        observer,
     };
     let plan = ClusterPlan::for_config(&cfg.sched);
     let (sched, b) = place(&plan, &cfg.sched, host, &mut factory)?;

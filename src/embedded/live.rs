@@ -14,7 +14,7 @@ use gyre_runtime::live::{LiveConfig, LiveNode};
 use gyre_runtime::{Actor, Addr, NodeId};
 use serde::Serialize;
 
-use super::cluster::{BuildError, EmbeddedConfig, assemble};
+use super::cluster::{Assembled, BuildError, EmbeddedConfig, assemble};
 use super::run::{VersionReward, rewards};
 use super::shared::lock;
 use super::trainer::UpdateSummary;
@@ -75,7 +75,7 @@ pub fn run_live(
         let (mut last, mut moved) = (u64::MAX, Instant::now());
         loop {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let done = parts.shared.weights.latest().map_or(0, |(v, _)| v);
+            let done = published(&parts);
             if done != last {
                 last = done;
                 moved = Instant::now();
@@ -99,11 +99,18 @@ pub fn run_live(
             }
         }
         node.shutdown().await;
+        Ok(LiveReport::of(&parts, cfg.seed, started))
+    })
+}
+
+impl LiveReport {
+    /// What the boards of `parts` say, `started` being the run's start.
+    pub fn of(parts: &Assembled, seed: u64, started: Instant) -> Self {
         let task = parts.workspaces.stats();
         let (reward_by_version, early_reward, late_reward) = rewards(&task);
-        Ok(LiveReport {
-            seed: cfg.seed,
-            steps: last,
+        Self {
+            seed,
+            steps: published(parts),
             wall_secs: started.elapsed().as_secs_f64(),
             updates: lock(&parts.shared.updates).clone(),
             reward_by_version,
@@ -111,6 +118,11 @@ pub fn run_live(
             late_reward,
             executions: task.begun,
             scored: task.scored,
-        })
-    })
+        }
+    }
+}
+
+/// The newest version the core published.
+pub fn published(parts: &Assembled) -> u64 {
+    parts.shared.weights.latest().map_or(0, |(v, _)| v)
 }

@@ -14,7 +14,12 @@
 //! requests (listed in its `accepts!` table, so the scheduling plane holds a
 //! `Recipient<EngineReq>` of it) together with the completions of its own
 //! I/O jobs.
+//!
+//! Hosts: [`cluster`] (the simulator), [`live`] (the live host) and, with
+//! the feature `actix`, `actix` (a user's actix system).
 
+#[cfg(feature = "actix")]
+pub mod actix;
 pub mod cluster;
 pub mod engine;
 pub mod live;

@@ -29,7 +29,7 @@ use gyre_actors::trajectory::packing::MicroStepRows;
 use gyre_gpu::trainer::{
     GradBuffer, Loss, MicroStep, ObjectiveConfig, RowChunk, TrainRow, Trainer, UpdateReport,
 };
-use gyre_runtime::{Actor, ActorId, Cx, IoError, get_decoded};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient, get_decoded};
 use serde::{Deserialize, Serialize};
 
 use super::shared::{Shared, TrainerHandle, lock};
@@ -140,6 +140,8 @@ pub struct TrainerWorker {
     reduced: Arc<Mutex<Option<GradBuffer>>>,
     jobs: Serial<TrainerReq>,
     stats: TrainerStats,
+    /// Hears every optimizer update this worker makes (a user's monitor).
+    observer: Option<Recipient<UpdateSummary>>,
 }
 
 impl std::fmt::Debug for TrainerWorker {
@@ -167,7 +169,15 @@ impl TrainerWorker {
             reduced: Arc::default(),
             jobs: Serial::default(),
             stats: TrainerStats::default(),
+            observer: None,
         }
+    }
+
+    /// Reports each update to `observer` as it is published, so an
+    /// embedding application follows training without polling the boards.
+    pub fn with_observer(mut self, observer: Option<Recipient<UpdateSummary>>) -> Self {
+        self.observer = observer;
+        self
     }
 
     pub fn stats(&self) -> &TrainerStats {
@@ -367,6 +377,9 @@ impl TrainerWorker {
                     );
                     self.stats.updates.push(u);
                     lock(&self.shared.updates).push(u);
+                    if let Some(observer) = self.observer {
+                        cx.send(observer, u);
+                    }
                 }
                 cx.send(reply_to, TrainerEvent::Updated { step });
             }
