@@ -57,7 +57,7 @@ impl Scheduler {
                 ready,
                 threshold: u64::from(self.derived.supply_threshold),
                 watermark,
-                next_dispatch: u64::from(self.cfg.mu) * self.cfg.batch_executions(),
+                next_dispatch: u64::from(self.cfg.mu) * self.cfg.batch_dispatch(),
                 pool_capacity: self.cfg.pool_capacity,
                 cells: self.cfg.cells,
                 cell_capacity: self.cfg.cell_capacity,
