@@ -183,7 +183,7 @@ impl Buffer {
         let e = entry(&mut self.groups, group, v_d);
         if e.state != GroupState::Filling {
             // A surplus execution still being evaluated is no violation.
-            if !(oversampled && !e.members.contains(&exec)) {
+            if !oversampled || e.members.contains(&exec) {
                 self.stats.violations += 1;
             }
             return;
