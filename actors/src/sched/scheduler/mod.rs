@@ -26,7 +26,7 @@ use crate::sched::cell::{Cell, CellLinks};
 use crate::sched::config::{ConfigError, Derived, SampleMode, SchedConfig};
 use crate::sched::core::{Core, CoreConfig, CoreLinks};
 use crate::sched::evaluator::Evaluator;
-use crate::sched::execution::Execution;
+use crate::sched::execution::{ExecStatus, Execution};
 use crate::sched::ids::{EngineIx, ExecId, Step, SwitchId, Version};
 use crate::sched::maths::{Counters, Dispatcher, Ledger, Role, SupplyCheck};
 pub use crate::sched::msg::scheduler::SchedMsg;
@@ -119,8 +119,8 @@ pub struct SchedLog {
     pub bursts: Vec<BurstRecord>,
     /// Decisions the ledger refused (must stay empty).
     pub errors: Vec<String>,
-    /// Over-sampling: surplus executions cancelled while running, and
-    /// those withdrawn from the queue before they started.
+    /// Over-sampling: surplus executions that closed cancelled (they were
+    /// running), and those withdrawn from the queue before they started.
     pub surplus_cancelled: u64,
     pub surplus_withdrawn: u64,
 }
@@ -384,10 +384,13 @@ impl Actor for Scheduler {
 
     fn on_msg(&mut self, _from: ActorId, msg: SchedMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            SchedMsg::Closed { exec, .. } => {
+            SchedMsg::Closed { exec, status } => {
                 // Only a started (placed) execution can close.
                 if self.ledger.release(exec).is_none() {
                     return;
+                }
+                if status == ExecStatus::Cancelled {
+                    self.log.surplus_cancelled += 1;
                 }
                 self.execs.remove(&exec);
                 self.counters.finish();

@@ -85,8 +85,6 @@ impl Scheduler {
                 self.execs.remove(exec);
                 self.counters.withdraw();
                 self.log.surplus_withdrawn += 1;
-            } else {
-                self.log.surplus_cancelled += 1;
             }
             cx.send(addr, ExecMsg::Cancel);
         }
