@@ -4,7 +4,8 @@
 //! satellite returns to rollout; the core stays in training only if the
 //! next batch already has ρ_min·B ready groups and rule (3)
 //! w + μ·N·B ≤ C_s + (K − 1)·C_e holds (checked before the new dispatch);
-//! the supply timer restarts with the new batch. Colocate sends every cell
+//! the supply timer restarts with the new batch. Under over-sampling every
+//! N in these counts is N + M: d counts the surplus too. Colocate sends every cell
 //! back; Async keeps its fixed partition.
 
 use gyre_runtime::Cx;
