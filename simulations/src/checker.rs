@@ -167,7 +167,7 @@ impl Checker {
             let stays = roles.first().is_some_and(|r| r.is_training_side());
             let room = u64::from(cfg.pool_capacity)
                 + u64::from(cfg.cells - 1) * u64::from(cfg.cell_capacity);
-            let next = u64::from(cfg.mu) * cfg.batch_executions();
+            let next = u64::from(cfg.mu) * cfg.batch_dispatch();
             let supply = self.supply.as_ref().map_or(0, |s| s.value());
             let threshold = u64::from(s.derived().supply_threshold);
             if stays && (prev.watermark + next > room || supply < threshold) {
@@ -387,6 +387,18 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
             ));
         }
         trained.extend(r.groups.iter().map(|g| g.group));
+    }
+    // Over-sampling: every surplus execution of a formed group ended either
+    // withdrawn from the queue or with its result discarded untrained.
+    let buffer = sim.actor(peers.buffer).ok_or("the buffer is gone")?;
+    let bs = buffer.stats();
+    let surplus = u64::from(cfg.oversample) * bs.ready;
+    if bs.surplus_discarded + s.log().surplus_withdrawn != surplus {
+        return Err(format!(
+            "over-sampling: {} discarded + {} withdrawn surplus, want M·groups = {surplus}",
+            bs.surplus_discarded,
+            s.log().surplus_withdrawn
+        ));
     }
     let want = cfg.target_steps as usize * cfg.batch_groups as usize;
     if trained.len() != want || core.log().updates.len() != cfg.target_steps as usize {

@@ -50,6 +50,7 @@ pub fn small_config(seed: u64) -> ClusterConfig {
         cell_capacity: rng.random_range(1..=3),
         pool_capacity: pool,
         group_size: rng.random_range(1..=3),
+        oversample: 0,
         batch_groups,
         phi,
         mu,
@@ -82,6 +83,9 @@ pub fn small_config(seed: u64) -> ClusterConfig {
     costs.engine.unload = rng.random_range(0..=2_000) * MILLIS;
     costs.engine.load = rng.random_range(0..=4_000) * MILLIS;
     costs.trainer.slowdown = (0..cells).map(|_| rng.random_range(0.5..3.0)).collect();
+    // Drawn last, so every earlier draw of a seed is what it was before
+    // over-sampling existed.
+    cfg.sched.oversample = [0, 0, 1, 2][rng.random_range(0..4)];
     cfg
 }
 
@@ -104,6 +108,7 @@ mod tests {
             assert_eq!(cfg.seed, seed);
         }
         assert_eq!(policies.len(), 3);
+        assert!((0..500).any(|s| small_config(s).sched.oversample > 0));
         assert_eq!(small_config(7), small_config(7));
     }
 }

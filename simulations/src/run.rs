@@ -72,6 +72,13 @@ pub struct RunReport {
     pub max_members: u32,
     /// Micro-steps computed by each cell.
     pub micro_steps_by_cell: Vec<u64>,
+    /// Over-sampling: surplus executions cancelled while running, withdrawn
+    /// from the queue, and surplus results discarded untrained.
+    pub surplus_cancelled: u64,
+    pub surplus_withdrawn: u64,
+    pub surplus_discarded: u64,
+    /// f: executions that terminated, surplus included.
+    pub finished: u64,
 }
 
 /// Builds `cfg`, runs it to quiescence with every invariant checked after
@@ -140,5 +147,11 @@ fn report(cluster: &crate::world::Cluster, cfg: &ClusterConfig) -> RunReport {
         staleness: staleness(&records, steady_from),
         max_members: records.iter().map(|r| r.members).max().unwrap_or(0),
         micro_steps_by_cell: cells.iter().map(|c| c.stats().micro_steps).collect(),
+        surplus_cancelled: s.map_or(0, |s| s.log().surplus_cancelled),
+        surplus_withdrawn: s.map_or(0, |s| s.log().surplus_withdrawn),
+        surplus_discarded: peers
+            .and_then(|p| sim.actor(p.buffer))
+            .map_or(0, |b| b.stats().surplus_discarded),
+        finished: s.map_or(0, |s| s.counters().finished()),
     }
 }

@@ -83,3 +83,53 @@ fn group_weighted_mean_staleness_matches_the_identity_for_all_six_pairs() {
         "staleness off the identity: {failures:?}"
     );
 }
+
+/// Over-sampling leaves the identity alone: a group's staleness is set by
+/// the version published when it was dispatched and the step that trains
+/// it, and over-sampling changes neither; it only decides which N of the
+/// N + M executions make up the group. Two extra executions per group, the
+/// three elastic-era pairs, two seeds each, 120 steps, the same tolerance.
+#[test]
+fn over_sampling_keeps_the_staleness_identity_and_counts_the_surplus() {
+    let mut failures = Vec::new();
+    for (phi, mu) in [(0.5, 3), (0.5, 2), (1.0, 1)] {
+        for seed in [7, 8] {
+            let mut cfg = pair(phi, mu, seed);
+            cfg.sched.oversample = 2;
+            cfg.sched.target_steps = STEPS / 2;
+            let r = run_checked(&cfg).unwrap_or_else(|e| panic!("({phi}, {mu}) seed {seed}: {e}"));
+            let want = expected_staleness(phi, mu);
+            let s = r.staleness;
+            eprintln!(
+                "oversample 2, (φ, μ) = ({phi}, {mu}) seed {seed}: E[d] = {want}; steady mean {:.3} \
+                 over {} groups, max {}, token-weighted {:.3}; surplus cancelled {}, withdrawn {}, \
+                 discarded {}",
+                s.steady.mean(),
+                s.steady.groups,
+                s.steady.max,
+                s.steady.token_mean(),
+                r.surplus_cancelled,
+                r.surplus_withdrawn,
+                r.surplus_discarded,
+            );
+            assert_eq!(r.steps, STEPS / 2);
+            // d counts every dispatched execution, surplus included: groups
+            // of N + M; the surplus really ran and was cut short.
+            assert_eq!(
+                r.dispatched % u64::from(cfg.sched.dispatched_per_group()),
+                0
+            );
+            assert!(r.surplus_cancelled > 0, "no surplus was ever cancelled");
+            if (s.steady.mean() - want).abs() > 0.05 {
+                failures.push(format!(
+                    "({phi}, {mu}) seed {seed}: {} vs {want}",
+                    s.steady.mean()
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "staleness off the identity: {failures:?}"
+    );
+}

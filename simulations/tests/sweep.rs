@@ -38,6 +38,8 @@ fn a_thousand_random_clusters_keep_every_invariant() {
                 count("K = 1", cfg.sched.cells == 1);
                 count("no standalone pool", cfg.sched.pool_capacity == 0);
                 count("streaming off", !cfg.sched.streaming);
+                count("over-sampled", cfg.sched.oversample > 0);
+                count("surplus cancelled while running", r.surplus_cancelled > 0);
                 let policy = match cfg.sched.policy {
                     Policy::Elastic => "policy elastic",
                     Policy::Colocate => "policy colocate",
@@ -58,6 +60,8 @@ fn a_thousand_random_clusters_keep_every_invariant() {
             "core returned at a burst end",
             "core stayed at a burst end",
             "executions rerouted",
+            "over-sampled",
+            "surplus cancelled while running",
             "an execution rerouted twice",
             "calls retried after a role change",
             "KV prefixes handed over",

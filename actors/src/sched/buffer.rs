@@ -12,6 +12,17 @@
 //! for good: a second one for the same execution is refused. Each group is
 //! handed to the stream packer once.
 //!
+//! Over-sampling (`SchedConfig::oversample` = M > 0): N + M executions are
+//! dispatched per group and the group is formed by the first N that close
+//! with a valid outcome, in the order their results arrive. Dummies and
+//! excluded executions never take a slot ahead of a valid one: they fill
+//! the group (earliest first) only once all N + M have a final result and
+//! fewer than N are valid, so a group still always forms and counts stay
+//! complete. At formation the buffer tells the scheduler which executions
+//! are surplus (still queued, running or being evaluated), and it hands
+//! every surplus result, now and later, to the packer to be discarded:
+//! surplus records never train. With M = 0 this is exactly the rule above.
+//!
 //! The buffer holds what decides readiness and weighting, one small
 //! [`Sample`] per execution; a recorded execution's calls go to the
 //! packer's sample source, where its rows are made, so no trajectory tree
@@ -19,12 +30,13 @@
 
 use std::collections::BTreeMap;
 
-use gyre_runtime::{Actor, ActorId, Cx, Recipient};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, Recipient};
 
 use crate::sched::ids::{ExecId, GroupId, Version};
 pub use crate::sched::msg::buffer::BufferMsg;
 use crate::sched::msg::packer::PackerMsg;
 pub use crate::sched::samples::Sample;
+use crate::sched::scheduler::{SchedMsg, Scheduler};
 use crate::trajectory::scoring::{Outcome, group_ready};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +50,21 @@ pub enum GroupState {
 struct Entry {
     v_d: Version,
     execs: BTreeMap<ExecId, Sample>,
+    /// Executions with a final result, in the order the results came.
+    order: Vec<ExecId>,
+    /// The N executions that form the group, once formed.
+    members: Vec<ExecId>,
     state: GroupState,
+}
+
+/// What one result did to its group.
+#[derive(Debug, Default)]
+struct Resolution {
+    ready: bool,
+    /// Surplus executions without a final result yet: to be cancelled.
+    cancel: Vec<ExecId>,
+    /// Surplus results: to be discarded untrained.
+    discard: Vec<Sample>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,13 +79,20 @@ pub struct BufferStats {
     /// a second final result for one execution, a take of a group that is
     /// not ready).
     pub violations: u64,
+    /// Over-sampling: surplus executions named for cancellation at
+    /// formation, and surplus results discarded.
+    pub surplus_cancelled: u64,
+    pub surplus_discarded: u64,
 }
 
 #[derive(Debug)]
 pub struct Buffer {
     group_size: u32,
+    /// N + M: executions dispatched per group.
+    dispatched: u32,
     groups: BTreeMap<GroupId, Entry>,
     packer: Option<Recipient<PackerMsg>>,
+    sched: Option<Addr<Scheduler>>,
     stats: BufferStats,
 }
 
@@ -67,23 +100,62 @@ fn entry(groups: &mut BTreeMap<GroupId, Entry>, group: GroupId, v_d: Version) ->
     groups.entry(group).or_insert_with(|| Entry {
         v_d,
         execs: BTreeMap::new(),
+        order: Vec::new(),
+        members: Vec::new(),
         state: GroupState::Filling,
     })
 }
 
-/// Whether a group of `n` executions with these samples is ready.
-fn is_ready(n: u32, execs: &BTreeMap<ExecId, Sample>) -> bool {
-    execs.len() as u64 == u64::from(n) && group_ready(execs.values().map(|s| &s.outcome))
+/// The members of a group of `n` out of `dispatched` executions, if it is
+/// formed: the first `n` valid results, or, once all `dispatched` are final
+/// with fewer valid, the valid ones plus the earliest other final results.
+fn members(n: u32, dispatched: u32, e: &Entry) -> Option<Vec<ExecId>> {
+    let n = n as usize;
+    let valid = |x: &ExecId| {
+        e.execs
+            .get(x)
+            .is_some_and(|s| matches!(s.outcome, Outcome::Valid { .. }))
+    };
+    let mut chosen: Vec<ExecId> = e.order.iter().copied().filter(valid).take(n).collect();
+    if chosen.len() < n {
+        let all_final = e.order.len() >= dispatched as usize
+            && group_ready(e.execs.values().map(|s| &s.outcome));
+        if !all_final {
+            return None;
+        }
+        let rest = e.order.iter().copied().filter(|x| !valid(x));
+        chosen.extend(rest.take(n - chosen.len()));
+    }
+    Some(chosen)
 }
 
 impl Buffer {
     pub fn new(group_size: u32) -> Self {
         Self {
             group_size,
+            dispatched: group_size,
             groups: BTreeMap::new(),
             packer: None,
+            sched: None,
             stats: BufferStats::default(),
         }
+    }
+
+    /// Groups of N + M dispatched executions (over-sampling); `dispatched`
+    /// below N is taken as N.
+    pub fn with_dispatched(mut self, dispatched: u32) -> Self {
+        self.dispatched = dispatched.max(self.group_size);
+        self
+    }
+
+    /// Where surplus executions are reported for cancellation.
+    pub fn with_sched(mut self, sched: Addr<Scheduler>) -> Self {
+        self.sched = Some(sched);
+        self
+    }
+
+    fn oversampled(&self) -> bool {
+        self.dispatched > self.group_size
     }
 
     pub fn stats(&self) -> BufferStats {
@@ -107,9 +179,13 @@ impl Buffer {
 
     fn pending(&mut self, exec: ExecId, group: GroupId, v_d: Version) {
         self.stats.pending_events += 1;
+        let oversampled = self.oversampled();
         let e = entry(&mut self.groups, group, v_d);
         if e.state != GroupState::Filling {
-            self.stats.violations += 1;
+            // A surplus execution still being evaluated is no violation.
+            if !oversampled || e.members.contains(&exec) {
+                self.stats.violations += 1;
+            }
             return;
         }
         let slot = e.execs.entry(exec).or_insert(Sample {
@@ -125,34 +201,84 @@ impl Buffer {
         }
     }
 
-    /// Records a result; returns whether it made the group ready.
-    fn resolved(&mut self, sample: Sample, group: GroupId, v_d: Version) -> bool {
-        let n = self.group_size;
+    /// Records a result: whether it formed the group, and what became
+    /// surplus.
+    fn resolved(&mut self, sample: Sample, group: GroupId, v_d: Version) -> Resolution {
+        let (n, dispatched, oversampled) = (self.group_size, self.dispatched, self.oversampled());
         let e = entry(&mut self.groups, group, v_d);
+        let mut out = Resolution::default();
+        if e.state != GroupState::Filling {
+            if oversampled && !e.members.contains(&sample.exec) {
+                self.stats.surplus_discarded += 1;
+                out.discard.push(sample);
+            } else {
+                self.stats.violations += 1;
+            }
+            return out;
+        }
         let bound = e
             .execs
             .get(&sample.exec)
             .is_some_and(|s| s.outcome.is_final());
-        if e.state != GroupState::Filling || bound {
+        if bound {
             self.stats.violations += 1;
-            return false;
+            return out;
         }
         let outcome = sample.outcome.clone();
-        e.execs.insert(sample.exec, sample);
-        let ready = is_ready(n, &e.execs);
-        if ready {
-            e.state = GroupState::Ready;
+        if outcome.is_final() {
+            e.order.push(sample.exec);
         }
+        e.execs.insert(sample.exec, sample);
         match outcome {
             Outcome::Valid { .. } => self.stats.valid += 1,
             Outcome::Dummy => self.stats.dummies += 1,
             Outcome::Excluded { .. } => self.stats.excluded += 1,
             Outcome::Open | Outcome::Pending { .. } => self.stats.pending_events += 1,
         }
-        if ready {
-            self.stats.ready += 1;
+        let Some(chosen) = members(n, dispatched, e) else {
+            return out;
+        };
+        e.state = GroupState::Ready;
+        self.stats.ready += 1;
+        out.ready = true;
+        if oversampled {
+            let first = group.0 * u64::from(dispatched);
+            out.cancel = (first..first + u64::from(dispatched))
+                .map(ExecId)
+                .filter(|x| !e.execs.contains_key(x))
+                .collect();
+            let execs = std::mem::take(&mut e.execs);
+            for (id, s) in execs {
+                if chosen.contains(&id) {
+                    e.execs.insert(id, s);
+                } else if s.outcome.is_final() {
+                    out.discard.push(s);
+                } else {
+                    // Still being evaluated: its result comes later.
+                    out.cancel.push(id);
+                }
+            }
+            self.stats.surplus_cancelled += out.cancel.len() as u64;
+            self.stats.surplus_discarded += out.discard.len() as u64;
         }
-        ready
+        e.members = chosen;
+        out
+    }
+
+    /// Sends what a result made surplus to the scheduler and the packer.
+    fn hand_off_surplus(&self, out: &mut Resolution, cx: &mut Cx<'_, Self>) {
+        if let Some(sched) = self.sched
+            && !out.cancel.is_empty()
+        {
+            let execs = std::mem::take(&mut out.cancel);
+            cx.send(sched, SchedMsg::Surplus { execs });
+        }
+        if let Some(p) = self.packer
+            && !out.discard.is_empty()
+        {
+            let samples = std::mem::take(&mut out.discard);
+            cx.send(p, PackerMsg::Discard { samples });
+        }
     }
 }
 
@@ -189,7 +315,9 @@ impl Actor for Buffer {
                     tokens,
                     records,
                 };
-                if self.resolved(sample, group, v_d) {
+                let mut out = self.resolved(sample, group, v_d);
+                self.hand_off_surplus(&mut out, cx);
+                if out.ready {
                     self.announce(group, v_d, cx);
                 }
             }
@@ -236,7 +364,7 @@ mod tests {
                     tokens: 10,
                     records: Vec::new(),
                 };
-                b.resolved(sample, GroupId(0), 0)
+                b.resolved(sample, GroupId(0), 0).ready
             })
             .collect();
         (b, ready)
@@ -271,16 +399,19 @@ mod tests {
     #[test]
     fn pending_is_not_a_zero_and_blocks_until_resolved() {
         let mut b = Buffer::new(2);
-        assert!(!b.resolved(
-            Sample {
-                exec: ExecId(0),
-                outcome: valid_zero(),
-                tokens: 3,
-                records: Vec::new(),
-            },
-            GroupId(0),
-            0
-        ));
+        assert!(
+            !b.resolved(
+                Sample {
+                    exec: ExecId(0),
+                    outcome: valid_zero(),
+                    tokens: 3,
+                    records: Vec::new(),
+                },
+                GroupId(0),
+                0
+            )
+            .ready
+        );
         b.pending(ExecId(1), GroupId(0), 0);
         b.pending(ExecId(1), GroupId(0), 0);
         assert_eq!(
@@ -294,9 +425,9 @@ mod tests {
             tokens: 3,
             records: Vec::new(),
         };
-        assert!(b.resolved(late.clone(), GroupId(0), 0));
+        assert!(b.resolved(late.clone(), GroupId(0), 0).ready);
         // A second final result is refused, and so is anything once ready.
-        assert!(!b.resolved(late, GroupId(0), 0));
+        assert!(!b.resolved(late, GroupId(0), 0).ready);
         b.pending(ExecId(1), GroupId(0), 0);
         assert_eq!(b.stats().violations, 2);
         assert_eq!(b.outcome(GroupId(0), ExecId(1)), Some(&valid_zero()));
@@ -318,5 +449,84 @@ mod tests {
         assert_eq!(s(Outcome::Dummy).trainable_tokens(), 0);
         assert_eq!(s(Outcome::Excluded { attempts: 0 }).trainable_tokens(), 0);
         assert_eq!(s(Outcome::Pending { attempts: 1 }).trainable_tokens(), 0);
+    }
+
+    fn sample(exec: u64, outcome: Outcome) -> Sample {
+        Sample {
+            exec: ExecId(exec),
+            outcome,
+            tokens: 5,
+            records: Vec::new(),
+        }
+    }
+
+    fn valid(score: f32) -> Outcome {
+        Outcome::Valid {
+            score,
+            partial: false,
+        }
+    }
+
+    #[test]
+    fn oversampled_group_forms_from_the_first_n_valid() {
+        // N = 2 of 4 dispatched (group 1: executions 4..8). A dummy and an
+        // excluded result arrive first; they take no slot ahead of valid ones.
+        let mut b = Buffer::new(2).with_dispatched(4);
+        let g = GroupId(1);
+        let out = b.resolved(sample(5, Outcome::Dummy), g, 0);
+        assert!(!out.ready && out.cancel.is_empty() && out.discard.is_empty());
+        assert!(
+            !b.resolved(sample(7, Outcome::Excluded { attempts: 1 }), g, 0)
+                .ready
+        );
+        assert!(!b.resolved(sample(6, valid(1.0)), g, 0).ready);
+        let out = b.resolved(sample(4, valid(0.0)), g, 0);
+        assert!(out.ready);
+        assert!(out.cancel.is_empty(), "all four closed: nothing to cancel");
+        let mut dropped: Vec<u64> = out.discard.iter().map(|s| s.exec.0).collect();
+        dropped.sort_unstable();
+        assert_eq!(dropped, vec![5, 7]);
+        assert_eq!(b.groups[&g].members, vec![ExecId(6), ExecId(4)]);
+        assert_eq!(b.stats().surplus_discarded, 2);
+    }
+
+    #[test]
+    fn surplus_still_open_is_named_for_cancellation_and_discarded_later() {
+        let mut b = Buffer::new(2).with_dispatched(5);
+        let g = GroupId(0);
+        b.pending(ExecId(3), g, 0);
+        assert!(!b.resolved(sample(1, valid(0.5)), g, 0).ready);
+        let out = b.resolved(sample(4, valid(0.0)), g, 0);
+        assert!(out.ready);
+        // 0 and 2 never closed; 3 is being evaluated: all three are surplus.
+        assert_eq!(out.cancel, vec![ExecId(0), ExecId(2), ExecId(3)]);
+        assert_eq!(b.stats().surplus_cancelled, 3);
+        // Their late results (and a late pending) are discarded, no violation.
+        b.pending(ExecId(3), g, 0);
+        let late = b.resolved(sample(0, valid(1.0)), g, 0);
+        assert!(!late.ready && late.discard.len() == 1);
+        assert_eq!(b.stats().violations, 0);
+        // A second result for a member is still a violation.
+        assert!(b.resolved(sample(4, valid(1.0)), g, 0).discard.is_empty());
+        assert_eq!(b.stats().violations, 1);
+    }
+
+    #[test]
+    fn failures_fill_the_group_only_when_every_execution_is_final() {
+        // N = 3 of 4: one valid, three failures. The group forms only with
+        // the fourth result, from the valid one and the earliest failures.
+        let mut b = Buffer::new(3).with_dispatched(4);
+        let g = GroupId(0);
+        assert!(!b.resolved(sample(2, Outcome::Dummy), g, 0).ready);
+        assert!(!b.resolved(sample(0, valid(1.0)), g, 0).ready);
+        assert!(
+            !b.resolved(sample(3, Outcome::Excluded { attempts: 0 }), g, 0)
+                .ready
+        );
+        let out = b.resolved(sample(1, Outcome::Dummy), g, 0);
+        assert!(out.ready);
+        assert_eq!(b.groups[&g].members, vec![ExecId(0), ExecId(2), ExecId(3)]);
+        assert_eq!(out.discard.len(), 1);
+        assert_eq!(out.discard[0].exec, ExecId(1));
     }
 }

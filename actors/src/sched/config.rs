@@ -57,6 +57,12 @@ pub struct SchedConfig {
     pub pool_capacity: u32,
     /// N: executions per group.
     pub group_size: u32,
+    /// M: over-sampling, extra executions dispatched per group. A group is
+    /// formed by the first N of its N + M executions that close with a
+    /// valid outcome; the rest are cancelled as surplus (see
+    /// [`crate::sched::buffer`]). 0 (the default) dispatches exactly N.
+    #[serde(default)]
+    pub oversample: u32,
     /// B: groups per batch.
     pub batch_groups: u32,
     /// φ: over-dispatch, in units of B groups; φ·B must be whole.
@@ -96,6 +102,7 @@ impl Default for SchedConfig {
             cell_capacity: 4,
             pool_capacity: 0,
             group_size: 4,
+            oversample: 0,
             batch_groups: 2,
             phi: 0.5,
             mu: 2,
@@ -200,6 +207,17 @@ impl SchedConfig {
     /// Executions per group times groups: N·B.
     pub fn batch_executions(&self) -> u64 {
         u64::from(self.group_size) * u64::from(self.batch_groups)
+    }
+
+    /// Executions dispatched per group: N + M.
+    pub fn dispatched_per_group(&self) -> u32 {
+        self.group_size.saturating_add(self.oversample)
+    }
+
+    /// Executions dispatched per batch: (N + M)·B, what boundary dispatch
+    /// adds per step of a burst and rule (3) reserves room for.
+    pub fn batch_dispatch(&self) -> u64 {
+        u64::from(self.dispatched_per_group()) * u64::from(self.batch_groups)
     }
 }
 

@@ -12,6 +12,11 @@
 //!   leaves none at all; a score that arrives late counts as none) the
 //!   execution is excluded.
 //!
+//! - a cancelled execution is the surplus of an over-sampled group that has
+//!   formed without it (the only cancellation the scheduler sends): it is
+//!   not scored, and goes to the buffer as excluded, to be discarded there
+//!   with its records.
+//!
 //! The reward comes only from the evaluator backend, never from elapsed time,
 //! length or termination status.
 
@@ -40,6 +45,8 @@ pub struct EvalStats {
     pub failed_attempts: u64,
     pub dummies: u64,
     pub excluded: u64,
+    /// Cancelled surplus executions passed on unscored.
+    pub surplus: u64,
 }
 
 /// One execution being evaluated.
@@ -109,6 +116,10 @@ impl Evaluator {
             Outcome::Excluded { .. } => self.stats.excluded += 1,
             Outcome::Open | Outcome::Pending { .. } => return,
         }
+        self.send_result(job, outcome, cx);
+    }
+
+    fn send_result(&mut self, job: EvalJob, outcome: Outcome, cx: &mut Cx<'_, Self>) {
         cx.send(
             self.buffer,
             BufferMsg::Resolved {
@@ -136,6 +147,11 @@ impl Evaluator {
 
     fn evaluate(&mut self, job: EvalJob, cx: &mut Cx<'_, Self>) {
         if self.jobs.contains_key(&job.exec) {
+            return;
+        }
+        if job.status == ExecStatus::Cancelled {
+            self.stats.surplus += 1;
+            self.send_result(job, Outcome::Excluded { attempts: 0 }, cx);
             return;
         }
         let now = cx.now();

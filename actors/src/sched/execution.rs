@@ -141,6 +141,13 @@ impl Actor for Execution {
                     },
                 );
             }
+            // A surplus of over-sampling: a queued one never began, so
+            // there is no harness to end, nothing to score and nothing to
+            // report (the scheduler counted it when it withdrew it).
+            ExecMsg::Cancel if self.state == ExecState::Queued => {
+                self.state = ExecState::Closed(ExecStatus::Cancelled);
+                cx.stop();
+            }
             ExecMsg::Cancel => self.close(ExecStatus::Cancelled, true, cx),
             ExecMsg::Harness(HarnessEvent::ModelCall {
                 call,

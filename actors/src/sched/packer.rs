@@ -93,6 +93,8 @@ pub struct PackerStats {
     pub late_records: u64,
     /// Executions (or whole groups) whose rows could not be made.
     pub sample_errors: u64,
+    /// Surplus executions of over-sampled groups, dropped untrained.
+    pub discarded: u64,
 }
 
 #[derive(Debug)]
@@ -353,6 +355,21 @@ impl Packer {
         }
     }
 
+    /// Surplus executions never train: attaching hands their record
+    /// handles to the source, which releases every handle it is given, and
+    /// forgetting drops whatever it built from them.
+    fn discard(&mut self, samples: &[Sample]) {
+        for s in samples {
+            if !s.records.is_empty()
+                && let Err(error) = self.source.attach(s.exec, &s.records)
+            {
+                tracing::debug!(exec = ?s.exec, %error, "surplus records unusable");
+            }
+            self.source.forget(s.exec);
+            self.stats.discarded += 1;
+        }
+    }
+
     /// Closes the stream of the batch being filled and starts the next one.
     fn seal(&mut self, cx: &mut Cx<'_, Self>) {
         let step = self.step;
@@ -439,6 +456,7 @@ impl Actor for Packer {
                 group,
                 record,
             } => self.record(exec, group, &record),
+            PackerMsg::Discard { samples } => self.discard(&samples),
         }
         self.maybe_take(cx);
         self.report(cx);

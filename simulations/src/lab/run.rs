@@ -364,7 +364,10 @@ fn result(
             RunEnd::Finished(gyre_actors::sched::proto::harness::HarnessOutcome::HarnessTimeout)
         )
     });
-    let overall = count(&|e| matches!(e, RunEnd::Aborted));
+    // A run aborted by its execution is an overall timeout unless it was an
+    // over-sampling surplus, cancelled.
+    let overall =
+        (count(&|e| matches!(e, RunEnd::Aborted)) - s.log().surplus_cancelled as f64).max(0.0);
     Ok(RunResult {
         name: name.clone(),
         policy: policy_name(run.policy).to_owned(),

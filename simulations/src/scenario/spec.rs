@@ -156,6 +156,11 @@ pub struct PolicySpec {
     pub streaming: bool,
     /// "boundary" (SPEC 2.2) or "continuous".
     pub dispatch: String,
+    /// Over-sampling, M: extra executions dispatched per group for every
+    /// policy; the first N valid ones form the group and the surplus are
+    /// cancelled (SPEC 2.2's f counts them). 0, the default, is off.
+    #[serde(default)]
+    pub oversample: u32,
 }
 
 /// (φ, μ).

@@ -67,6 +67,19 @@ impl Counters {
     }
 
     /// The launch rule: start min{d − p, C_R − (p − f)} queued executions.
+    /// A queued execution that will never start (an over-sampling surplus):
+    /// p and f both move, so d − p stays the queue length and p − f the
+    /// number running. False if nothing is queued.
+    pub fn withdraw(&mut self) -> bool {
+        if self.p < self.d {
+            self.p += 1;
+            self.f += 1;
+            true
+        } else {
+            false
+        }
+    }
+
     pub fn launchable(&self, rollout_capacity: u64) -> u64 {
         launchable(self.queued(), rollout_capacity, self.running())
     }
@@ -94,6 +107,18 @@ mod tests {
         assert!(c.start() && !c.start());
         assert!(c.finish() && c.finish() && !c.finish());
         assert_eq!(c.watermark(), 0);
+    }
+
+    #[test]
+    fn withdrawing_a_queued_execution_keeps_queue_and_running() {
+        let mut c = Counters::default();
+        assert!(!c.withdraw());
+        c.dispatch(3);
+        c.start();
+        assert!(c.withdraw());
+        assert_eq!((c.queued(), c.running(), c.watermark()), (1, 1, 2));
+        assert!(c.withdraw() && !c.withdraw());
+        assert_eq!(c.watermark(), 1);
     }
 
     #[test]

@@ -29,4 +29,8 @@ pub enum PackerMsg {
         group: GroupId,
         record: Box<TitoRecord>,
     },
+    /// From the buffer: surplus executions of a formed group (over-sampling).
+    /// They never train: the source drops what it holds for them and
+    /// releases their record handles.
+    Discard { samples: Vec<Sample> },
 }

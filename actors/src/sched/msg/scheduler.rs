@@ -23,4 +23,7 @@ pub enum SchedMsg {
     StepDone { step: Step },
     /// From the core: the final step of a burst is done and published.
     Published { step: Step, version: Version },
+    /// From the buffer: these executions of a formed group are surplus
+    /// (over-sampling); cancel those that are still queued or running.
+    Surplus { execs: Vec<ExecId> },
 }

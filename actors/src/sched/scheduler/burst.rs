@@ -4,7 +4,8 @@
 //! satellite returns to rollout; the core stays in training only if the
 //! next batch already has ρ_min·B ready groups and rule (3)
 //! w + μ·N·B ≤ C_s + (K − 1)·C_e holds (checked before the new dispatch);
-//! the supply timer restarts with the new batch. Colocate sends every cell
+//! the supply timer restarts with the new batch. Under over-sampling every
+//! N in these counts is N + M: d counts the surplus too. Colocate sends every cell
 //! back; Async keeps its fixed partition.
 
 use gyre_runtime::Cx;
@@ -57,7 +58,7 @@ impl Scheduler {
                 ready,
                 threshold: u64::from(self.derived.supply_threshold),
                 watermark,
-                next_dispatch: u64::from(self.cfg.mu) * self.cfg.batch_executions(),
+                next_dispatch: u64::from(self.cfg.mu) * self.cfg.batch_dispatch(),
                 pool_capacity: self.cfg.pool_capacity,
                 cells: self.cfg.cells,
                 cell_capacity: self.cfg.cell_capacity,

@@ -26,7 +26,7 @@ use crate::sched::cell::{Cell, CellLinks};
 use crate::sched::config::{ConfigError, Derived, SampleMode, SchedConfig};
 use crate::sched::core::{Core, CoreConfig, CoreLinks};
 use crate::sched::evaluator::Evaluator;
-use crate::sched::execution::Execution;
+use crate::sched::execution::{ExecStatus, Execution};
 use crate::sched::ids::{EngineIx, ExecId, Step, SwitchId, Version};
 use crate::sched::maths::{Counters, Dispatcher, Ledger, Role, SupplyCheck};
 pub use crate::sched::msg::scheduler::SchedMsg;
@@ -119,6 +119,10 @@ pub struct SchedLog {
     pub bursts: Vec<BurstRecord>,
     /// Decisions the ledger refused (must stay empty).
     pub errors: Vec<String>,
+    /// Over-sampling: surplus executions that closed cancelled (they were
+    /// running), and those withdrawn from the queue before they started.
+    pub surplus_cancelled: u64,
+    pub surplus_withdrawn: u64,
 }
 
 #[derive(Debug)]
@@ -184,7 +188,7 @@ impl Scheduler {
                 over_groups: derived.over_groups,
                 mu: u64::from(cfg.mu),
                 batch_groups: u64::from(cfg.batch_groups),
-                group_size: u64::from(cfg.group_size),
+                group_size: u64::from(cfg.dispatched_per_group()),
             },
             supply: SupplyCheck::new(u64::from(derived.supply_threshold), cfg.tau),
             supply_timer: None,
@@ -270,7 +274,10 @@ impl Scheduler {
             proxy = proxy.with_blobs(store.clone());
         }
         let proxy = cx.spawn(proxy);
-        let buffer = cx.spawn(Buffer::new(cfg.group_size));
+        let buffer = Buffer::new(cfg.group_size)
+            .with_dispatched(cfg.dispatched_per_group())
+            .with_sched(me);
+        let buffer = cx.spawn(buffer);
         let evaluator = cx.spawn(Evaluator::new(b.evaluator, buffer, cfg.eval_retry));
         let core = cx.spawn(Core::new(
             CoreConfig {
@@ -377,10 +384,13 @@ impl Actor for Scheduler {
 
     fn on_msg(&mut self, _from: ActorId, msg: SchedMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            SchedMsg::Closed { exec, .. } => {
+            SchedMsg::Closed { exec, status } => {
                 // Only a started (placed) execution can close.
                 if self.ledger.release(exec).is_none() {
                     return;
+                }
+                if status == ExecStatus::Cancelled {
+                    self.log.surplus_cancelled += 1;
                 }
                 self.execs.remove(&exec);
                 self.counters.finish();
@@ -412,6 +422,7 @@ impl Actor for Scheduler {
             }
             SchedMsg::StepDone { step } => self.on_step_done(step, cx),
             SchedMsg::Published { step, version } => self.on_published(step, version, cx),
+            SchedMsg::Surplus { execs } => self.cancel_surplus(&execs, cx),
         }
     }
 

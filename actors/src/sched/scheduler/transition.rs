@@ -34,7 +34,7 @@ impl Scheduler {
         };
         for _ in 0..n {
             let id = ExecId(self.counters.dispatched());
-            let group = id.group(self.cfg.group_size);
+            let group = id.group(self.cfg.dispatched_per_group());
             let exec = Execution::new(id, group, self.published, links, self.cfg.overall_timeout);
             let addr = cx.spawn(exec);
             self.counters.dispatch(1);
@@ -67,6 +67,29 @@ impl Scheduler {
                 cx.send(*addr, ExecMsg::Start);
             }
         }
+    }
+
+    /// Over-sampling: the surplus of a formed group ends. A running one is
+    /// cancelled (its harness aborted; f moves when it reports closed, so it
+    /// counts in w until then); a queued one leaves the queue and counts as
+    /// started and finished at once, so d − p stays the queue length and
+    /// every dispatched execution is counted in f. Executions already
+    /// closed are not in `execs` and are skipped.
+    pub(super) fn cancel_surplus(&mut self, execs: &[ExecId], cx: &mut Cx<'_, Self>) {
+        for exec in execs {
+            let Some(addr) = self.execs.get(exec).copied() else {
+                continue;
+            };
+            if let Some(at) = self.queue.iter().position(|q| q == exec) {
+                self.queue.remove(at);
+                self.execs.remove(exec);
+                self.counters.withdraw();
+                self.log.surplus_withdrawn += 1;
+            }
+            cx.send(addr, ExecMsg::Cancel);
+        }
+        self.launch(cx);
+        self.try_transition(cx);
     }
 
     /// Moves the next cell(s) to training if the policy's rule allows it.

@@ -1,0 +1,45 @@
+//! The simulation lab's comparison without the CLI: what `gyre simulate
+//! --scenario S --staleness E --steps N [--oversample M]` prints as hours,
+//! from a release build of the simulator crates alone (the root package
+//! also builds the gateway and the embedded model).
+//!
+//! `cargo run --release -p gyre-simulations --example compare -- SCENARIO
+//! STALENESS [STEPS] [OVERSAMPLE]`
+
+use gyre_simulations::lab::{self, RunOptions};
+use gyre_simulations::scenario::{self, Selection};
+
+fn main() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [name, staleness, rest @ ..] = args.as_slice() else {
+        return Err("usage: compare SCENARIO STALENESS [STEPS] [OVERSAMPLE]".into());
+    };
+    let mut sc = scenario::load(name).map_err(|e| e.to_string())?;
+    let staleness: f64 = staleness.parse().map_err(|e| format!("staleness: {e}"))?;
+    let steps = match rest.first() {
+        Some(s) => s.parse().map_err(|e| format!("steps: {e}"))?,
+        None => sc.steps,
+    };
+    if let Some(m) = rest.get(1) {
+        sc.policies.oversample = m.parse().map_err(|e| format!("oversample: {e}"))?;
+    }
+    let runs = sc
+        .runs(&Selection::parse("all"), Some(staleness))
+        .map_err(|e| e.to_string())?;
+    let opts = RunOptions::new(steps, 1);
+    let c = lab::compare(&sc, &runs, staleness, &opts, runs.len(), &|_, _| {})
+        .map_err(|e| e.to_string())?;
+    for r in &c.results {
+        println!(
+            "{} total {:.2} h, staleness {:.3} (max {}), executions started {} finished {}",
+            r.name,
+            r.total_hours,
+            r.mean_staleness,
+            r.max_staleness,
+            r.executions_started,
+            r.executions_finished
+        );
+    }
+    println!("speedups {:?}", c.speedups.get("elastic"));
+    Ok(())
+}
