@@ -86,6 +86,30 @@ fn json_has_the_documented_schema() {
 }
 
 #[test]
+fn oversample_dispatches_surplus_that_is_cancelled_untrained() {
+    let surplus = |extra: &[&str]| -> u64 {
+        let mut args = QUICK.to_vec();
+        args.extend(["--json", "--policy", "elastic"]);
+        args.extend(extra);
+        let v: serde_json::Value = serde_json::from_slice(&ok(&args).stdout).unwrap();
+        let r = &v["results"][0];
+        ["surplus_cancelled", "surplus_withdrawn"]
+            .iter()
+            .map(|k| {
+                r[*k]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{k} missing in {r}"))
+            })
+            .sum()
+    };
+    assert_eq!(surplus(&[]), 0, "over-sampling is off by default");
+    assert!(
+        surplus(&["--oversample", "2"]) > 0,
+        "--oversample 2 left no surplus"
+    );
+}
+
+#[test]
 fn the_table_names_runs_and_speed_ups() {
     let out = ok(&QUICK);
     let text = String::from_utf8(out.stdout).unwrap();

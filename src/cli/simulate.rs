@@ -71,12 +71,20 @@ pub struct SimulateArgs {
     /// the model calls divided by it, same proportions (absolute hours move).
     #[arg(long, default_value_t = 1)]
     pub scale: u32,
+    /// Over-sampling: extra executions dispatched per group (the first N
+    /// valid form it, the surplus is cancelled); overrides the scenario's
+    /// `[policies] oversample`.
+    #[arg(long, value_name = "M")]
+    pub oversample: Option<u32>,
 }
 
 pub fn run(args: SimulateArgs) -> Result<()> {
-    let sc = scenario::load(&args.scenario)
+    let mut sc = scenario::load(&args.scenario)
         .and_then(|s| s.scaled(args.scale))
         .map_err(anyhow::Error::msg)?;
+    if let Some(m) = args.oversample {
+        sc.policies.oversample = m;
+    }
     if args.profile {
         return print_profile(&sc, &args);
     }

@@ -112,6 +112,10 @@ pub struct RunResult {
     pub bursts: u64,
     pub model_calls: u64,
     pub kv_handovers: u64,
+    /// Over-sampling: surplus executions cancelled while running and
+    /// withdrawn from the queue (0 when `oversample` is off).
+    pub surplus_cancelled: u64,
+    pub surplus_withdrawn: u64,
     /// Realised (in-cluster) length of the executions that ended, hours.
     pub mean_execution_hours: f64,
     pub harness_timeout_share: f64,
@@ -406,6 +410,8 @@ fn result(
         bursts,
         model_calls: proxy.stats().calls,
         kv_handovers: cells.iter().map(|c| c.stats().kv_handed).sum(),
+        surplus_cancelled: s.log().surplus_cancelled,
+        surplus_withdrawn: s.log().surplus_withdrawn,
         mean_execution_hours: execution_hours.iter().sum::<f64>() / ended,
         harness_timeout_share: harness_timeouts / ended,
         overall_timeout_share: overall / ended,
