@@ -37,7 +37,9 @@ pub fn error_body(e: &CallError) -> Value {
     json!({"error": {"message": e.message(), "type": kind, "param": null, "code": code}})
 }
 
-fn content_text(v: Option<&Value>, path: &str) -> Result<String, CallError> {
+/// The text of a content value as both OpenAI APIs send it: a string,
+/// null, or text parts; media parts are refused by path.
+pub(super) fn content_text(v: Option<&Value>, path: &str) -> Result<String, CallError> {
     match v {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
@@ -50,7 +52,7 @@ fn content_text(v: Option<&Value>, path: &str) -> Result<String, CallError> {
                     "text" | "input_text" | "output_text" => {
                         out.push(req_str(part, "text", &format!("{p}.text"))?.to_string())
                     }
-                    "image_url" | "input_image" | "input_audio" | "file" => {
+                    "image_url" | "input_image" | "input_audio" | "file" | "input_file" => {
                         return Err(bad(format!(
                             "{p}: image, audio and file input is not supported: the model has no vision"
                         )));

@@ -20,43 +20,13 @@ pub struct ResponsesOptions {
     pub store: bool,
 }
 
-fn item_text(v: Option<&Value>, path: &str) -> Result<String, CallError> {
-    match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut out = Vec::new();
-            for (i, part) in parts.iter().enumerate() {
-                let p = format!("{path}.{i}");
-                let part = as_obj(part, &p)?;
-                match req_str(part, "type", &format!("{p}.type"))? {
-                    "input_text" | "output_text" | "text" => {
-                        out.push(req_str(part, "text", &format!("{p}.text"))?.to_string())
-                    }
-                    "input_image" | "input_file" | "input_audio" => {
-                        return Err(bad(format!(
-                            "{p}: image, audio and file input is not supported: the model has no vision"
-                        )));
-                    }
-                    other => {
-                        return Err(bad(format!("{p}: content type {other:?} is not supported")));
-                    }
-                }
-            }
-            Ok(out.join("\n"))
-        }
-        Some(_) => Err(bad(format!(
-            "{path}: expected a string or an array of content parts"
-        ))),
-    }
-}
-
 /// Appends one input item; consecutive function calls join one assistant turn.
 fn push_item(item: &Obj, path: &str, out: &mut Vec<Message>) -> Result<(), CallError> {
     let kind = opt_str(item, "type", &format!("{path}.type"))?.unwrap_or("message");
     match kind {
         "message" => {
-            let text = item_text(item.get("content"), &format!("{path}.content"))?;
+            let text =
+                super::openai::content_text(item.get("content"), &format!("{path}.content"))?;
             let role = match req_str(item, "role", &format!("{path}.role"))? {
                 "user" => Role::User,
                 "assistant" => Role::Assistant,
@@ -87,7 +57,7 @@ fn push_item(item: &Obj, path: &str, out: &mut Vec<Message>) -> Result<(), CallE
         "function_call_output" => {
             let output = match item.get("output") {
                 Some(Value::String(s)) => s.clone(),
-                other => item_text(other, &format!("{path}.output"))?,
+                other => super::openai::content_text(other, &format!("{path}.output"))?,
             };
             let mut m = Message::text(Role::Tool, output);
             m.tool_call_id =
