@@ -27,6 +27,10 @@ pub struct ClusterConfig {
     pub codec_check: bool,
     /// Liveness bound: a run needing more events than this fails.
     pub max_events: u64,
+    /// Place the harness on the scheduler's node, so its link is exactly
+    /// once: the harness protocol has no acknowledgements yet, so fault
+    /// plans leave it out (see [`crate::swarm`]).
+    pub harness_local: bool,
 }
 
 impl ClusterConfig {
@@ -46,6 +50,7 @@ impl ClusterConfig {
             },
             codec_check: false,
             max_events: 2_000_000,
+            harness_local: false,
         }
     }
 }
@@ -138,7 +143,10 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     sc.codec_roundtrip = cfg.codec_check;
     sc.max_events = Some(cfg.max_events);
     let mut sim = Sim::new(sc);
-    let plan = ClusterPlan::for_config(&cfg.sched);
+    let mut plan = ClusterPlan::for_config(&cfg.sched);
+    if cfg.harness_local {
+        plan.harness = plan.sched;
+    }
     let mut factory = SimBackends { cfg: cfg.clone() };
     let (sched, backends) = place(&plan, &cfg.sched, &mut sim, &mut factory)?;
     Ok(Cluster {

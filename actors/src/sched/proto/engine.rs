@@ -16,7 +16,7 @@ pub struct KvBlocks {
     pub tokens: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum EngineReq {
     /// Serve one model call (attempt `attempt` of it); answered with a
     /// [`CallEvent`] to `reply_to`.
@@ -52,7 +52,7 @@ pub enum EngineReq {
 }
 
 /// Answers to the cell that drives the engine.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum EngineEvent {
     AdmissionStopped,
     KvPinned { blocks: Vec<KvBlocks> },
@@ -62,7 +62,7 @@ pub enum EngineEvent {
 }
 
 /// Answers to the proxy about one attempt of one call.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum CallEvent {
     Done {
         call: CallId,
