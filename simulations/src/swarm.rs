@@ -34,9 +34,27 @@ pub const HORIZON: Nanos = 600 * SECS;
 /// The resend interval of unanswered backend requests.
 pub const RETRY: Nanos = SECS;
 
-/// The small cluster of `seed`, configured to resend.
+/// The small cluster of `seed` made smaller (at most 3 cells, 2 pool
+/// slots, 2 calls per execution, 2 bursts), configured to resend.
 pub fn swarm_config(seed: u64) -> ClusterConfig {
     let mut cfg = small_config(seed);
+    let full = cfg.clone();
+    let s = &mut cfg.sched;
+    s.cells = s.cells.min(3);
+    s.pool_capacity = s.pool_capacity.min(2);
+    if let gyre_actors::sched::Policy::Async { train_cells } = &mut s.policy {
+        *train_cells = (*train_cells).min(s.cells);
+        if *train_cells == s.cells && s.pool_capacity == 0 {
+            s.pool_capacity = 1;
+        }
+    }
+    s.target_steps = s.target_steps.min(2 * u64::from(s.mu));
+    cfg.costs.trainer.slowdown.truncate(s.cells as usize);
+    let calls = &mut cfg.costs.workload.calls;
+    *calls = crate::costs::Span::new(calls.min.min(2), calls.max.min(2));
+    if cfg.sched.validate().is_err() {
+        cfg = full;
+    }
     cfg.sched.retry = Some(RETRY);
     cfg.harness_local = true;
     cfg
@@ -55,6 +73,10 @@ pub struct SwarmOutcome {
     pub steps: u64,
     pub events: u64,
     pub virtual_time: Nanos,
+    /// For each partition that healed while steps remained: virtual time
+    /// from its heal to the next optimizer update (recovery, including
+    /// whatever of the step was still to do).
+    pub heal_to_step: Vec<Nanos>,
     /// `None`: every invariant held and the run finished. The error
     /// carries the seed, the settings and the `GYRE_SEED=` line.
     pub error: Option<Box<SimError>>,
@@ -122,6 +144,7 @@ pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, R
         steps: 0,
         events: 0,
         virtual_time: 0,
+        heal_to_step: Vec::new(),
         error: None,
     };
     // Phase 1, safety under faults.
@@ -151,6 +174,20 @@ pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, R
         outcome.error = failed.map(Box::new);
     }
     let sim = &cluster.sim;
+    if let Some(t) = cluster
+        .backends
+        .trainers
+        .first()
+        .and_then(|t| sim.actor(*t))
+    {
+        let updates: Vec<Nanos> = t.updates().iter().map(|(_, at)| *at).collect();
+        for p in &plan.partitions {
+            let healed = p.at.saturating_add(p.lasts).min(HORIZON);
+            if let Some(next) = updates.iter().find(|u| **u >= healed) {
+                outcome.heal_to_step.push(next - healed);
+            }
+        }
+    }
     let net = sim.stats();
     outcome.dropped = net.dropped_loss + net.dropped_partition;
     outcome.duplicated = net.duplicated;
@@ -216,4 +253,41 @@ fn node_ids(cfg: &ClusterConfig) -> Vec<NodeId> {
     nodes.sort();
     nodes.dedup();
     nodes
+}
+
+/// A swarm of `count` seeds from `base`, one table row per seed written to
+/// `out` as it finishes, then a summary line; returns the failing seeds.
+pub fn run_table(
+    count: u64,
+    base: u64,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<Vec<(u64, String)>> {
+    writeln!(out, "{}", SwarmOutcome::HEADER)?;
+    let mut failed = Vec::new();
+    let (mut dropped, mut copies, mut resent, mut parts) = (0, 0, 0, 0);
+    for seed in base..base.saturating_add(count) {
+        let outcome = match run_swarm_seed(seed) {
+            Ok(o) => o,
+            Err(e) => {
+                writeln!(out, "{seed:>8} could not run: {e}")?;
+                failed.push((seed, e.to_string()));
+                continue;
+            }
+        };
+        writeln!(out, "{}", outcome.row())?;
+        dropped += outcome.dropped;
+        copies += outcome.duplicated;
+        resent += outcome.resent;
+        parts += outcome.partitions;
+        if let Some(e) = outcome.error {
+            failed.push((seed, e.to_string()));
+        }
+    }
+    writeln!(
+        out,
+        "{count} seeds: {} ok, {} failed; injected {parts} partitions, {dropped} messages dropped, {copies} duplicated; {resent} requests resent",
+        count as usize - failed.len(),
+        failed.len()
+    )?;
+    Ok(failed)
 }

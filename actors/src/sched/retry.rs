@@ -36,6 +36,7 @@ pub enum ReqKey {
     CancelAll,
     Unload,
     Load,
+    SetWeights(Version),
     Release(MemRole),
     Restore(MemRole),
     /// A KV read of one execution's prefix.
@@ -65,6 +66,7 @@ impl ReqKey {
             EngineReq::CancelAll { .. } => ReqKey::CancelAll,
             EngineReq::Unload { .. } => ReqKey::Unload,
             EngineReq::Load { .. } => ReqKey::Load,
+            EngineReq::SetWeightsAcked { version, .. } => ReqKey::SetWeights(*version),
             EngineReq::AdoptKv { .. }
             | EngineReq::ReleaseKv { .. }
             | EngineReq::SetWeights { .. } => {
@@ -160,6 +162,7 @@ impl Answer for EngineEvent {
             EngineEvent::CancelComplete { .. } => ReqKey::CancelAll,
             EngineEvent::Unloaded => ReqKey::Unload,
             EngineEvent::Loaded { .. } => ReqKey::Load,
+            EngineEvent::WeightsSet { version } => ReqKey::SetWeights(*version),
         }
     }
 }
@@ -253,6 +256,11 @@ impl Outbox {
             pending: BTreeMap::new(),
             stats: OutboxStats::default(),
         }
+    }
+
+    /// Whether unanswered requests are resent.
+    pub fn resends(&self) -> bool {
+        self.after.is_some()
     }
 
     pub fn stats(&self) -> OutboxStats {

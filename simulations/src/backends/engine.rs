@@ -81,6 +81,8 @@ pub struct SimEngine {
     inflight: BTreeMap<CallId, InFlight>,
     control: Option<(Recipient<EngineEvent>, Version)>,
     stats: EngineStats,
+    /// The mutation check: an answered attempt is never answered again.
+    ignore_repeats: bool,
 }
 
 impl SimEngine {
@@ -99,7 +101,15 @@ impl SimEngine {
             inflight: BTreeMap::new(),
             control: None,
             stats: EngineStats::default(),
+            ignore_repeats: false,
         }
+    }
+
+    /// Breaks the resend path on purpose (the swarm's mutation check,
+    /// `crate::world::Mutation::EngineIgnoresRepeats`).
+    pub fn ignoring_repeats(mut self) -> Self {
+        self.ignore_repeats = true;
+        self
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -154,6 +164,9 @@ impl Actor for SimEngine {
                     && (c, a) == (call, attempt)
                 {
                     self.stats.repeats += 1;
+                    if self.ignore_repeats {
+                        return;
+                    }
                     let done = CallEvent::Done {
                         call,
                         attempt,
@@ -284,6 +297,10 @@ impl Actor for SimEngine {
             }
             EngineReq::SetWeights { version } => {
                 self.version = self.version.max(version);
+            }
+            EngineReq::SetWeightsAcked { version, reply_to } => {
+                self.version = self.version.max(version);
+                cx.send(reply_to, EngineEvent::WeightsSet { version });
             }
         }
     }

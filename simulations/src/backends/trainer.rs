@@ -42,6 +42,8 @@ pub struct SimTrainer {
     /// When each optimizer update finished, by step.
     updated_at: Vec<(Step, Nanos)>,
     answered: Answered<TrainerEvent>,
+    /// The mutation check: repeated requests are done again.
+    repeat_work: bool,
 }
 
 impl SimTrainer {
@@ -61,7 +63,15 @@ impl SimTrainer {
             stats: TrainerStats::default(),
             updated_at: Vec::new(),
             answered: Answered::default(),
+            repeat_work: false,
         }
+    }
+
+    /// Breaks the idempotency guard on purpose (the swarm's mutation check,
+    /// `crate::world::Mutation::TrainerRepeatsWork`).
+    pub fn repeating_work(mut self) -> Self {
+        self.repeat_work = true;
+        self
     }
 
     pub fn stats(&self) -> TrainerStats {
@@ -151,6 +161,10 @@ impl Actor for SimTrainer {
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerReq, cx: &mut Cx<'_, Self>) {
         let key = (ReqKey::of_trainer(&msg), reply_to(&msg));
+        if self.repeat_work {
+            self.queue.push_back(msg);
+            return self.next(cx);
+        }
         if self
             .queue
             .iter()

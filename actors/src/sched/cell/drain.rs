@@ -211,12 +211,7 @@ impl Cell {
                 let switch = *switch;
                 if self.version > version {
                     // A publication arrived while the engine was loading.
-                    cx.send(
-                        self.links.engine,
-                        EngineReq::SetWeights {
-                            version: self.version,
-                        },
-                    );
+                    self.set_weights(self.version, cx);
                 }
                 self.version = self.version.max(version);
                 self.phase = Phase::Rollout;
@@ -229,6 +224,8 @@ impl Cell {
                     },
                 );
             }
+            // Acknowledged; nothing follows from it.
+            (EngineEvent::WeightsSet { .. }, _) => {}
             _ => self.unexpected("engine event"),
         }
     }

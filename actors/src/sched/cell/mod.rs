@@ -169,6 +169,19 @@ impl Cell {
         &self.outbox
     }
 
+    /// Tells the engine to serve `version`: a hint sent once, or, when
+    /// requests are resent, a request resent until acknowledged.
+    fn set_weights(&mut self, version: Version, cx: &mut Cx<'_, Self>) {
+        let engine = self.links.engine;
+        if self.outbox.resends() {
+            let reply_to = cx.recipient();
+            let req = EngineReq::SetWeightsAcked { version, reply_to };
+            self.request(Resend::Engine(engine, req), cx);
+        } else {
+            cx.send(engine, EngineReq::SetWeights { version });
+        }
+    }
+
     /// Sends a backend request through the outbox.
     fn request(&mut self, req: Resend, cx: &mut Cx<'_, Self>) {
         self.outbox.send(cx, req);
@@ -246,7 +259,7 @@ impl Actor for Cell {
             CellMsg::Weights { version } => {
                 self.version = self.version.max(version);
                 if matches!(self.phase, Phase::Rollout) {
-                    cx.send(self.links.engine, EngineReq::SetWeights { version });
+                    self.set_weights(version, cx);
                 }
             }
             CellMsg::Batch { step, snapshot } => self.on_batch(step, snapshot, cx),
