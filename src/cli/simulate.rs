@@ -224,6 +224,23 @@ fn print_profile(sc: &Scenario, args: &SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// `gyre simulate --swarm N`: the table, then an error naming each failing
+/// seed with the line that replays it.
+fn swarm(count: u64, base: u64) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let failed = gyre_simulations::swarm::run_table(count, base, &mut out)?;
+    if let Some((seed, _)) = failed.first() {
+        for (_, why) in &failed {
+            eprintln!("{why}");
+        }
+        bail!(
+            "{} of {count} swarm seeds failed; replay the first with GYRE_SEED={seed} cargo test -p gyre-simulations --test swarm",
+            failed.len()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -250,21 +267,4 @@ mod tests {
             .unwrap();
         assert_eq!(runs.len(), 3);
     }
-}
-
-/// `gyre simulate --swarm N`: the table, then an error naming each failing
-/// seed with the line that replays it.
-fn swarm(count: u64, base: u64) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    let failed = gyre_simulations::swarm::run_table(count, base, &mut out)?;
-    if let Some((seed, _)) = failed.first() {
-        for (_, why) in &failed {
-            eprintln!("{why}");
-        }
-        bail!(
-            "{} of {count} swarm seeds failed; replay the first with GYRE_SEED={seed} cargo test -p gyre-simulations --test swarm",
-            failed.len()
-        );
-    }
-    Ok(())
 }

@@ -181,7 +181,9 @@ impl Answer for MemoryEvent {
     fn answers(&self) -> ReqKey {
         match self {
             MemoryEvent::Released { role } => ReqKey::Release(*role),
-            // A refusal answers the restore the device could not hold.
+            // A refusal names no request; the cell ends both of the role's
+            // (see `Cell::on_msg`), this key is the usual one (a restore
+            // the device could not hold).
             MemoryEvent::Restored { role } | MemoryEvent::Refused { role, .. } => {
                 ReqKey::Restore(*role)
             }

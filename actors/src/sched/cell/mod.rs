@@ -34,7 +34,7 @@ use crate::sched::proto::memory::{MemoryEvent, MemoryReq};
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{TransferEvent, TransferReq};
 use crate::sched::queue::MicroQueue;
-use crate::sched::retry::{Outbox, Resend, RetryTick};
+use crate::sched::retry::{Outbox, ReqKey, Resend, RetryTick};
 use crate::sched::scheduler::Scheduler;
 
 pub use crate::sched::msg::cell::{CellMsg, Move};
@@ -267,6 +267,13 @@ impl Actor for Cell {
             CellMsg::StreamEnd { step } => self.on_stream_end(step, cx),
             // A backend's answer counts once: a duplicate (the network's
             // copy, or the answer to a resend) finds nothing outstanding.
+            // A refusal does not say which of the role's requests it
+            // answers (a device may refuse a release too): it ends both.
+            CellMsg::Memory(MemoryEvent::Refused { role, reason }) => {
+                self.outbox.forget(&ReqKey::Release(role));
+                self.outbox.forget(&ReqKey::Restore(role));
+                self.on_memory(MemoryEvent::Refused { role, reason }, cx);
+            }
             CellMsg::Engine(e) if self.outbox.ack(&e) => self.on_engine(e, cx),
             CellMsg::Memory(e) if self.outbox.ack(&e) => self.on_memory(e, cx),
             CellMsg::Trainer(e) if self.outbox.ack(&e) => self.on_trainer(e, cx),
