@@ -224,3 +224,23 @@ fn gyre_scenario_text() -> String {
     )
     .unwrap()
 }
+
+#[test]
+fn swarm_prints_one_row_per_seed_and_a_summary() {
+    let out = ok(&["simulate", "--swarm", "6", "--seed", "40"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|h| h.contains("loss") && h.contains("outcome")),
+        "{text}"
+    );
+    for seed in 40..46 {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(&seed.to_string()) && l.ends_with(" ok")),
+            "no ok row for seed {seed}:\n{text}"
+        );
+    }
+    assert!(text.contains("6 seeds: 6 ok, 0 failed"), "{text}");
+}

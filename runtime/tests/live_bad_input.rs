@@ -109,11 +109,7 @@ impl Actor for Sink {
 }
 
 fn config(node: NodeId) -> LiveConfig {
-    let mut cfg = LiveConfig::local(node, 5);
-    cfg.max_frame = MAX_FRAME;
-    cfg.heartbeat = Duration::from_millis(100);
-    cfg.peer_timeout = Duration::from_millis(600);
-    cfg
+    common::strict_config(node, MAX_FRAME)
 }
 
 struct Good {

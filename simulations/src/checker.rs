@@ -279,6 +279,14 @@ impl Checker {
             }
         }
         self.updates_seen = log.updates.len();
+        // The policy version moves by exactly one per optimizer update.
+        if core.version() != log.updates.len() as u64 {
+            return Err(format!(
+                "policy version {} after {} updates",
+                core.version(),
+                log.updates.len()
+            ));
+        }
         for r in log.records.iter().skip(self.records_seen) {
             if r.groups.len() != self.batch_groups {
                 return Err(format!(
@@ -399,6 +407,43 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
             bs.surplus_discarded,
             s.log().surplus_withdrawn
         ));
+    }
+    // Every micro-step granted was computed exactly once by a trainer (the
+    // backends' own count: a repeated request done twice shows here).
+    let granted: usize = core
+        .log()
+        .records
+        .iter()
+        .map(|r| queue.granted(r.step))
+        .sum();
+    let computed: u64 = cluster
+        .backends
+        .trainers
+        .iter()
+        .filter_map(|t| sim.actor(*t))
+        .map(|t| t.stats().micro_steps)
+        .sum();
+    if computed != granted as u64 {
+        return Err(format!(
+            "trainers computed {computed} micro-steps, {granted} were granted"
+        ));
+    }
+    // Every published version is what the rollout engines serve at the end.
+    for e in cluster
+        .backends
+        .engines
+        .iter()
+        .chain(&cluster.backends.pool)
+    {
+        if let Some(engine) = sim.actor(*e)
+            && engine.version() != core.version()
+        {
+            return Err(format!(
+                "engine {e:?} serves version {} at the end, {} was published",
+                engine.version(),
+                core.version()
+            ));
+        }
     }
     let want = cfg.target_steps as usize * cfg.batch_groups as usize;
     if trained.len() != want || core.log().updates.len() != cfg.target_steps as usize {

@@ -9,7 +9,9 @@
 //!   end-of-run checks (liveness, exactly-once accounting);
 //! - [`run`]: runs a cluster to quiescence under the checker and reports,
 //!   staleness included;
-//! - [`random`]: small random configurations for seed sweeps.
+//! - [`random`]: small random configurations for seed sweeps;
+//! - [`swarm`]: the same clusters under seed-drawn fault plans, checked for
+//!   safety while the faults act and for liveness once they heal.
 //!
 //! The simulation lab builds on them:
 //! - [`workload`]: the calibrated workload model and its profile;
@@ -23,5 +25,6 @@ pub mod lab;
 pub mod random;
 pub mod run;
 pub mod scenario;
+pub mod swarm;
 pub mod workload;
 pub mod world;

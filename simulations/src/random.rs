@@ -65,6 +65,7 @@ pub fn small_config(seed: u64) -> ClusterConfig {
         overall_timeout: 1_800 * SECS,
         eval_retry: rng.random_range(1..=30) * SECS,
         samples: SampleMode::Counted,
+        retry: None,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     let costs = &mut cfg.costs;

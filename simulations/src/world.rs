@@ -27,6 +27,25 @@ pub struct ClusterConfig {
     pub codec_check: bool,
     /// Liveness bound: a run needing more events than this fails.
     pub max_events: u64,
+    /// Place the harness on the scheduler's node, so its link is exactly
+    /// once: the harness protocol has no acknowledgements yet, so fault
+    /// plans leave it out (see [`crate::swarm`]).
+    pub harness_local: bool,
+    /// A deliberately broken backend guard, to show the swarm catches it
+    /// (`None` in every real run).
+    pub mutation: Option<Mutation>,
+}
+
+/// A guard of the simulated backends switched off on purpose (the swarm's
+/// mutation check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// The trainer computes a repeated micro-step again instead of
+    /// answering it from what it remembers.
+    TrainerRepeatsWork,
+    /// The engine ignores a repeated call attempt it has already answered,
+    /// so a lost answer is never given again.
+    EngineIgnoresRepeats,
 }
 
 impl ClusterConfig {
@@ -46,6 +65,8 @@ impl ClusterConfig {
             },
             codec_check: false,
             max_events: 2_000_000,
+            harness_local: false,
+            mutation: None,
         }
     }
 }
@@ -61,7 +82,11 @@ impl SimBackends {
         if e.load_capacity == 0 {
             e.load_capacity = slots;
         }
-        SimEngine::new(ix, e)
+        let engine = SimEngine::new(ix, e);
+        match self.cfg.mutation {
+            Some(Mutation::EngineIgnoresRepeats) => engine.ignoring_repeats(),
+            _ => engine,
+        }
     }
 }
 
@@ -78,7 +103,12 @@ impl BackendFactory for SimBackends {
         let costs = &self.cfg.costs;
         Ok(CellBackends {
             engine: self.engine(EngineIx::Cell(cell), slots),
-            trainer: SimTrainer::new(costs.trainer.clone(), cell),
+            trainer: match self.cfg.mutation {
+                Some(Mutation::TrainerRepeatsWork) => {
+                    SimTrainer::new(costs.trainer.clone(), cell).repeating_work()
+                }
+                _ => SimTrainer::new(costs.trainer.clone(), cell),
+            },
             memory: SimMemory::new(costs.memory.clone()),
         })
     }
@@ -138,7 +168,10 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     sc.codec_roundtrip = cfg.codec_check;
     sc.max_events = Some(cfg.max_events);
     let mut sim = Sim::new(sc);
-    let plan = ClusterPlan::for_config(&cfg.sched);
+    let mut plan = ClusterPlan::for_config(&cfg.sched);
+    if cfg.harness_local {
+        plan.harness = plan.sched;
+    }
     let mut factory = SimBackends { cfg: cfg.clone() };
     let (sched, backends) = place(&plan, &cfg.sched, &mut sim, &mut factory)?;
     Ok(Cluster {

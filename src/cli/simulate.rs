@@ -76,9 +76,17 @@ pub struct SimulateArgs {
     /// `[policies] oversample`.
     #[arg(long, value_name = "M")]
     pub oversample: Option<u32>,
+    /// Swarm-test N small clusters under seed-drawn fault plans (seeds from
+    /// `--seed`): prints the faults injected and the outcome of each, and
+    /// fails naming the seeds to replay.
+    #[arg(long, value_name = "N")]
+    pub swarm: Option<u64>,
 }
 
 pub fn run(args: SimulateArgs) -> Result<()> {
+    if let Some(n) = args.swarm {
+        return swarm(n, args.seed);
+    }
     let mut sc = scenario::load(&args.scenario)
         .and_then(|s| s.scaled(args.scale))
         .map_err(anyhow::Error::msg)?;
@@ -212,6 +220,23 @@ fn print_profile(sc: &Scenario, args: &SimulateArgs) -> Result<()> {
             &sc.name,
             &dir.join("durations.svg"),
         )?;
+    }
+    Ok(())
+}
+
+/// `gyre simulate --swarm N`: the table, then an error naming each failing
+/// seed with the line that replays it.
+fn swarm(count: u64, base: u64) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let failed = gyre_simulations::swarm::run_table(count, base, &mut out)?;
+    if let Some((seed, _)) = failed.first() {
+        for (_, why) in &failed {
+            eprintln!("{why}");
+        }
+        bail!(
+            "{} of {count} swarm seeds failed; replay the first with GYRE_SEED={seed} cargo test -p gyre-simulations --test swarm",
+            failed.len()
+        );
     }
     Ok(())
 }

@@ -39,6 +39,10 @@ pub enum LiveRunError {
     Tokio(#[from] std::io::Error),
     #[error("no progress for {secs} s: {steps} of {target} steps published")]
     Stalled { secs: u64, steps: u64, target: u64 },
+    /// A handler panicked (the embedded actors are not supervised, so the
+    /// run cannot carry on): fails at once instead of after the stall.
+    #[error("{0}")]
+    Panicked(gyre_runtime::live::PanicReport),
 }
 
 /// What a live run did, as far as the shared boards tell.
@@ -88,6 +92,10 @@ pub fn run_live(
                 .all(|e| lock(e).version() >= target);
             if done >= target && serving {
                 break;
+            }
+            if let Some(report) = node.panics().into_iter().next() {
+                node.shutdown().await;
+                return Err(LiveRunError::Panicked(report));
             }
             if moved.elapsed() > stall {
                 node.shutdown().await;

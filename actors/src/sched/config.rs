@@ -93,6 +93,12 @@ pub struct SchedConfig {
     /// Counted in the simulator; Recorded needs the backends' blob store.
     #[serde(default)]
     pub samples: SampleMode,
+    /// Resend a backend request unanswered for this long (lost messages,
+    /// partitions; see [`crate::sched::retry`]). `None` (the default)
+    /// never resends, which keeps a fault-free simulation's schedule as it
+    /// was; fault-injected runs set it.
+    #[serde(default)]
+    pub retry: Option<Nanos>,
 }
 
 impl Default for SchedConfig {
@@ -117,6 +123,7 @@ impl Default for SchedConfig {
             overall_timeout: 3_600 * SECS,
             eval_retry: SECS,
             samples: SampleMode::Counted,
+            retry: None,
         }
     }
 }

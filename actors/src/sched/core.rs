@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx, Recipient};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos, Recipient};
 
 use crate::sched::ids::{GroupId, MicroStepId, Step, Version};
 use crate::sched::maths::prefix::comm_group_for;
@@ -26,6 +26,7 @@ use crate::sched::msg::packer::PackerMsg;
 use crate::sched::proto::Port;
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
+use crate::sched::retry::{Outbox, Resend, RetryTick};
 use crate::sched::scheduler::{SchedMsg, Scheduler};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +98,8 @@ pub struct Core {
     sealed: BTreeMap<Step, Sealed>,
     done: BTreeMap<u32, Vec<MicroStepId>>,
     packer: Option<Recipient<PackerMsg>>,
+    /// Trainer and transfer requests awaiting their answers.
+    outbox: Outbox,
     log: CoreLog,
 }
 
@@ -118,8 +121,19 @@ impl Core {
             sealed: BTreeMap::new(),
             done: BTreeMap::new(),
             packer: None,
+            outbox: Outbox::new(None),
             log: CoreLog::default(),
         }
+    }
+
+    /// Resends unanswered backend requests every `after`.
+    pub fn with_retry(mut self, after: Option<Nanos>) -> Self {
+        self.outbox = Outbox::new(after);
+        self
+    }
+
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
     }
 
     pub fn phase(&self) -> CorePhase {
@@ -162,12 +176,15 @@ impl Core {
             );
         }
         let reply_to = cx.recipient();
-        cx.send(
-            self.links.transfer,
-            TransferReq::Expose {
-                version: self.version,
-                reply_to,
-            },
+        self.outbox.send(
+            cx,
+            Resend::Transfer(
+                self.links.transfer,
+                TransferReq::Expose {
+                    version: self.version,
+                    reply_to,
+                },
+            ),
         );
     }
 
@@ -220,14 +237,17 @@ impl Core {
         self.log.memberships.push(self.members());
         self.phase = CorePhase::Reducing;
         let reply_to = cx.recipient();
-        cx.send(
-            self.links.trainer,
-            TrainerReq::Reduce {
-                step: self.step,
-                members,
-                group: comm_group_for(members),
-                reply_to,
-            },
+        self.outbox.send(
+            cx,
+            Resend::Trainer(
+                self.links.trainer,
+                TrainerReq::Reduce {
+                    step: self.step,
+                    members,
+                    group: comm_group_for(members),
+                    reply_to,
+                },
+            ),
         );
     }
 
@@ -266,14 +286,17 @@ impl Core {
             self.phase = CorePhase::Broadcasting;
             let members = self.members.len() as u32;
             let reply_to = cx.recipient();
-            cx.send(
-                self.links.trainer,
-                TrainerReq::Broadcast {
-                    step,
-                    members,
-                    group: comm_group_for(members),
-                    reply_to,
-                },
+            self.outbox.send(
+                cx,
+                Resend::Trainer(
+                    self.links.trainer,
+                    TrainerReq::Broadcast {
+                        step,
+                        members,
+                        group: comm_group_for(members),
+                        reply_to,
+                    },
+                ),
             );
         } else {
             self.after_update(cx);
@@ -285,13 +308,16 @@ impl Core {
         if self.burst_closed {
             self.phase = CorePhase::Publishing;
             let reply_to = cx.recipient();
-            cx.send(
-                self.links.transfer,
-                TransferReq::Publish {
-                    version: self.version,
-                    engines: self.cfg.cells,
-                    reply_to,
-                },
+            self.outbox.send(
+                cx,
+                Resend::Transfer(
+                    self.links.transfer,
+                    TransferReq::Publish {
+                        version: self.version,
+                        engines: self.cfg.cells,
+                        reply_to,
+                    },
+                ),
             );
         } else {
             cx.send(self.links.sched, SchedMsg::StepDone { step });
@@ -303,21 +329,31 @@ impl Core {
 
 impl Actor for Core {
     type Msg = CoreMsg;
-    type Timer = ();
+    type Timer = RetryTick;
     gyre_runtime::accepts!(TrainerEvent, TransferEvent);
+
+    fn on_timer(&mut self, _: RetryTick, cx: &mut Cx<'_, Self>) {
+        self.outbox.tick(cx);
+    }
 
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
         // The K − 1 prefix groups {0..1}, …, {0..K−1}, built once.
         let prefixes: Vec<u32> = (2..=self.cfg.cells).collect();
         let reply_to = cx.recipient();
-        cx.send(
-            self.links.trainer,
-            TrainerReq::BuildGroups { prefixes, reply_to },
+        self.outbox.send(
+            cx,
+            Resend::Trainer(
+                self.links.trainer,
+                TrainerReq::BuildGroups { prefixes, reply_to },
+            ),
         );
     }
 
     fn on_msg(&mut self, _from: ActorId, msg: CoreMsg, cx: &mut Cx<'_, Self>) {
         match msg {
+            // A backend's answer counts once (see `crate::sched::retry`).
+            CoreMsg::Trainer(e) if !self.outbox.ack(&e) => {}
+            CoreMsg::Transfer(e) if !self.outbox.ack(&e) => {}
             CoreMsg::Activate {
                 step,
                 burst,
@@ -431,7 +467,10 @@ impl Actor for Core {
                 if self.phase == CorePhase::Reducing && step == self.step {
                     self.phase = CorePhase::Updating;
                     let reply_to = cx.recipient();
-                    cx.send(self.links.trainer, TrainerReq::Update { step, reply_to });
+                    self.outbox.send(
+                        cx,
+                        Resend::Trainer(self.links.trainer, TrainerReq::Update { step, reply_to }),
+                    );
                 }
             }
             CoreMsg::Trainer(TrainerEvent::Updated { step }) => {

@@ -30,6 +30,7 @@ use crate::sched::ids::ExecId;
 pub use crate::sched::msg::evaluator::{EvalJob, EvaluatorMsg};
 use crate::sched::proto::Port;
 use crate::sched::proto::evaluator::{EvalEvent, EvalReq};
+use crate::sched::retry::{Outbox, ReqKey, Resend, RetryTick};
 use crate::trajectory::scoring::{
     ArtifactRef, EvalResult, Evaluation, ExecutionScoring, Outcome, Termination,
 };
@@ -37,6 +38,14 @@ use crate::trajectory::scoring::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum EvalTimer {
     Retry(ExecId),
+    /// The outbox's resend tick (lost requests, not failed evaluations).
+    Resend,
+}
+
+impl From<RetryTick> for EvalTimer {
+    fn from(_: RetryTick) -> Self {
+        EvalTimer::Resend
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -86,6 +95,7 @@ pub struct Evaluator {
     buffer: Addr<Buffer>,
     retry: Nanos,
     jobs: BTreeMap<ExecId, Job>,
+    outbox: Outbox,
     stats: EvalStats,
 }
 
@@ -96,8 +106,20 @@ impl Evaluator {
             buffer,
             retry,
             jobs: BTreeMap::new(),
+            outbox: Outbox::new(None),
             stats: EvalStats::default(),
         }
+    }
+
+    /// Resends unanswered score requests every `after` (a lost request or
+    /// answer; a failed evaluation is retried after `retry` as before).
+    pub fn with_resend(mut self, after: Option<Nanos>) -> Self {
+        self.outbox = Outbox::new(after);
+        self
+    }
+
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
     }
 
     pub fn stats(&self) -> EvalStats {
@@ -133,16 +155,14 @@ impl Evaluator {
         );
     }
 
-    fn ask(&self, exec: ExecId, attempt: u32, cx: &mut Cx<'_, Self>) {
+    fn ask(&mut self, exec: ExecId, attempt: u32, cx: &mut Cx<'_, Self>) {
         let reply_to = cx.recipient();
-        cx.send(
-            self.backend,
-            EvalReq::Score {
-                exec,
-                attempt,
-                reply_to,
-            },
-        );
+        let req = EvalReq::Score {
+            exec,
+            attempt,
+            reply_to,
+        };
+        self.outbox.send(cx, Resend::Eval(self.backend, req));
     }
 
     fn evaluate(&mut self, job: EvalJob, cx: &mut Cx<'_, Self>) {
@@ -239,6 +259,8 @@ impl Actor for Evaluator {
     fn on_msg(&mut self, _from: ActorId, msg: EvaluatorMsg, cx: &mut Cx<'_, Self>) {
         match msg {
             EvaluatorMsg::Evaluate(job) => self.evaluate(job, cx),
+            // An answer counts once (see `crate::sched::retry`).
+            EvaluatorMsg::Backend(e) if !self.outbox.ack(&e) => {}
             EvaluatorMsg::Backend(EvalEvent::Scored {
                 exec,
                 attempt,
@@ -259,7 +281,10 @@ impl Actor for Evaluator {
     }
 
     fn on_timer(&mut self, timer: EvalTimer, cx: &mut Cx<'_, Self>) {
-        let EvalTimer::Retry(exec) = timer;
+        let exec = match timer {
+            EvalTimer::Retry(exec) => exec,
+            EvalTimer::Resend => return self.outbox.tick(cx),
+        };
         let now = cx.now();
         let Some(j) = self.jobs.get_mut(&exec) else {
             return;
@@ -271,6 +296,8 @@ impl Actor for Evaluator {
             return;
         }
         let outcome = j.scoring.expire(now).clone();
+        let attempt = j.attempt;
+        self.outbox.forget(&ReqKey::Score(exec, attempt));
         if let Some(j) = self.jobs.remove(&exec) {
             self.resolve(j.job, outcome, cx);
         }

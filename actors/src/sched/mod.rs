@@ -30,6 +30,7 @@ pub mod plan;
 pub mod proto;
 pub mod proxy;
 pub mod queue;
+pub mod retry;
 pub mod samples;
 pub mod scheduler;
 

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, PayloadRelease, Recipient};
+use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, Nanos, PayloadRelease, Recipient};
 
 use crate::sched::execution::ExecMsg;
 use crate::sched::ids::{CallId, EngineIx, ExecId};
@@ -25,6 +25,7 @@ use crate::sched::msg::cell::CellMsg;
 pub use crate::sched::msg::proxy::ProxyMsg;
 use crate::sched::proto::Port;
 use crate::sched::proto::engine::{CallEvent, EngineReq};
+use crate::sched::retry::{Outbox, ReqKey, Resend, RetryTick};
 
 #[derive(Debug, Clone, Copy)]
 struct PendingCall {
@@ -57,6 +58,8 @@ pub struct Proxy {
     calls: BTreeMap<CallId, PendingCall>,
     reroutes: BTreeMap<ExecId, u32>,
     blobs: Option<Arc<dyn BlobStore>>,
+    /// Attempts sent to engines and not yet answered.
+    outbox: Outbox,
     stats: ProxyStats,
 }
 
@@ -69,8 +72,19 @@ impl Proxy {
             calls: BTreeMap::new(),
             reroutes: BTreeMap::new(),
             blobs: None,
+            outbox: Outbox::new(None),
             stats: ProxyStats::default(),
         }
+    }
+
+    /// Resends unanswered attempts every `after`.
+    pub fn with_retry(mut self, after: Option<Nanos>) -> Self {
+        self.outbox = Outbox::new(after);
+        self
+    }
+
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
     }
 
     /// Releases the records of answers that arrive too late to be used.
@@ -130,16 +144,14 @@ impl Proxy {
         p.attempt += 1;
         p.at = Some(engine);
         let reply_to = cx.recipient();
-        cx.send(
-            port,
-            EngineReq::Serve {
-                call,
-                attempt: p.attempt,
-                prompt_tokens: p.prompt_tokens,
-                prompt: p.prompt,
-                reply_to,
-            },
-        );
+        let req = EngineReq::Serve {
+            call,
+            attempt: p.attempt,
+            prompt_tokens: p.prompt_tokens,
+            prompt: p.prompt,
+            reply_to,
+        };
+        self.outbox.send(cx, Resend::Engine(port, req));
     }
 
     /// Sends held calls of `exec` on its (new) route.
@@ -176,10 +188,20 @@ impl Proxy {
 
 impl Actor for Proxy {
     type Msg = ProxyMsg;
-    type Timer = ();
+    type Timer = RetryTick;
     gyre_runtime::accepts!(CallEvent);
 
+    fn on_timer(&mut self, _: RetryTick, cx: &mut Cx<'_, Self>) {
+        self.outbox.tick(cx);
+    }
+
     fn on_msg(&mut self, _from: ActorId, msg: ProxyMsg, cx: &mut Cx<'_, Self>) {
+        if let ProxyMsg::Engine(e) = &msg {
+            // The attempt is answered; what the answer means is decided
+            // below by attempt number, which already makes a duplicate or
+            // a stale attempt's answer change nothing.
+            self.outbox.ack(e);
+        }
         match msg {
             ProxyMsg::Route { exec, engine } => {
                 if self.closed.contains(&exec) {
@@ -213,7 +235,9 @@ impl Actor for Proxy {
                     .map(|(c, _)| *c)
                     .collect();
                 for c in calls {
-                    self.calls.remove(&c);
+                    if let Some(p) = self.calls.remove(&c) {
+                        self.outbox.forget(&ReqKey::Serve(c, p.attempt));
+                    }
                 }
             }
             ProxyMsg::Call {

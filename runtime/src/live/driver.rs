@@ -56,9 +56,13 @@ pub(crate) enum Inject {
 
 pub(crate) type DriverTx = UnboundedSender<Inject>;
 
-/// A handler panicked: its actor is taken out, the others carry on (as
-/// they did when each actor was a task of its own).
-struct Panicked;
+/// A handler panicked: the others carry on (as they did when each actor
+/// was a task of its own); the actor is rebuilt if supervised, else taken
+/// out, and the panic filed with the node's supervision.
+struct Panicked {
+    input: String,
+    panic: String,
+}
 
 struct Place {
     generation: u32,
@@ -350,9 +354,9 @@ impl Driver {
                 }
                 match self.call(key, input) {
                     Ok(now) => self.apply_effects(key, now),
-                    Err(Panicked) => {
+                    Err(p) => {
                         self.effects.clear();
-                        self.remove(key);
+                        self.panicked(key, p);
                         return ran;
                     }
                 }
@@ -385,6 +389,12 @@ impl Driver {
             ids: &inner.ids,
         };
         let actor = &mut slot.actor;
+        let what = match &input {
+            Input::Start => Err("start"),
+            Input::Msg { msg, .. } => Ok(msg.type_name()),
+            Input::Timer(_) => Err("timer"),
+            Input::PeerDown(_) => Err("peer down"),
+        };
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match input {
             Input::Start => actor.start(&mut env),
             Input::Msg { from, msg } => {
@@ -401,10 +411,13 @@ impl Driver {
         }));
         match outcome {
             Ok(()) => Ok(env.now.if_read()),
-            Err(_) => {
-                tracing::error!(actor = %slot.id, ty = slot.actor.type_name(), "actor panicked in a handler; stopped");
-                Err(Panicked)
-            }
+            Err(payload) => Err(Panicked {
+                input: match what {
+                    Ok(ty) => format!("message {ty}"),
+                    Err(kind) => kind.to_owned(),
+                },
+                panic: super::supervise::panic_text(payload.as_ref()),
+            }),
         }
     }
 
@@ -414,6 +427,38 @@ impl Driver {
         self.apply(key, &mut drain, now);
         drop(drain);
         self.effects = effects;
+    }
+
+    /// Files the panic of the actor at `key`, then rebuilds it in place (a
+    /// fresh incarnation starts next; its old timers are dropped) or takes
+    /// it out.
+    fn panicked(&mut self, key: Key, p: Panicked) {
+        let Some(slot) = self.slot_mut(key) else {
+            return;
+        };
+        let (id, actor_type) = (slot.id, slot.actor.type_name());
+        let fresh = self.inner.supervision.rebuild(id);
+        let restarted = fresh.is_some();
+        self.inner.supervision.file(super::supervise::PanicReport {
+            node: self.inner.node(),
+            actor: id,
+            actor_type,
+            input: p.input,
+            panic: p.panic,
+            restarted,
+        });
+        match fresh {
+            Some(actor) => {
+                self.timers.remove_actor(key);
+                if let Some(slot) = self.slot_mut(key) {
+                    slot.actor = actor;
+                    slot.started = false;
+                    slot.due.clear();
+                }
+                self.ready.push_back(key);
+            }
+            None => self.remove(key),
+        }
     }
 
     /// Takes an actor out: it stopped, panicked, or the node shuts down.
@@ -433,6 +478,7 @@ impl Driver {
         self.timers.remove_actor(key);
         self.inner.routes.remove(&slot.id);
         self.inner.links.unwatch_all(slot.id);
+        self.inner.supervision.forget(slot.id);
         slot.gate.close();
         tracing::debug!(actor = %slot.id, ty = slot.actor.type_name(), "actor stopped");
     }

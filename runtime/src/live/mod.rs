@@ -42,6 +42,7 @@ mod node;
 mod peer;
 mod slot;
 mod stats;
+mod supervise;
 mod timers;
 
 use std::net::SocketAddr;
@@ -60,6 +61,7 @@ use crate::id::{ActorId, Addr, NodeId};
 pub use config::LiveConfig;
 pub use frame::{Frame, FrameError, LENGTH_PREFIX, MAGIC, WireCodec, WireFrame};
 pub use stats::LiveStats;
+pub use supervise::PanicReport;
 
 use mailbox::{Route, TypedSink, Undelivered};
 use node::NodeInner;
@@ -124,6 +126,35 @@ impl LiveNode {
         let id = self.inner.ids.alloc(self.inner.node());
         driver::spawn_actor(&self.inner, hosted(actor, id, self.inner.cfg.seed));
         Addr::new(id)
+    }
+
+    /// [`LiveNode::spawn`] under supervision: when a handler panics, the
+    /// actor is rebuilt by `make` under the same id and mailbox (its state
+    /// and timers are lost, `on_start` runs again), at most `restarts`
+    /// times; every panic is filed as a [`PanicReport`] either way.
+    pub fn spawn_supervised<A: Actor>(
+        &self,
+        restarts: u32,
+        mut make: impl FnMut() -> A + Send + 'static,
+    ) -> Addr<A> {
+        let id = self.inner.ids.alloc(self.inner.node());
+        let seed = self.inner.cfg.seed;
+        let first = hosted(make(), id, seed);
+        self.inner
+            .supervision
+            .register(id, restarts, Box::new(move || hosted(make(), id, seed)));
+        driver::spawn_actor(&self.inner, first);
+        Addr::new(id)
+    }
+
+    /// Every handler panic caught on this node so far, oldest first.
+    pub fn panics(&self) -> Vec<PanicReport> {
+        self.inner.supervision.reports()
+    }
+
+    /// Waits for the panic report after the first `seen` (0: the first).
+    pub async fn next_panic(&self, seen: usize) -> PanicReport {
+        self.inner.supervision.next(seen).await
     }
 
     /// An endpoint outside the actor world: messages sent to the returned

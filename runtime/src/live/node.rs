@@ -28,6 +28,7 @@ use super::frame::{Frame, WireFrame};
 use super::links::{Links, OutLink};
 use super::mailbox::{Envelope, Route, SlowDelivery};
 use super::stats::{Counters, bump};
+use super::supervise::Supervision;
 
 /// The node's spawn counter: ids start at 1 and are never reused.
 pub(crate) struct Ids(AtomicU64);
@@ -50,6 +51,7 @@ pub(crate) struct NodeInner {
     pub net_tasks: Mutex<Vec<JoinHandle<()>>>,
     pub links: Links,
     pub counters: Counters,
+    pub supervision: Supervision,
     pub shutdown: CancellationToken,
     pub stopped: AtomicBool,
     pub local_addr: Option<SocketAddr>,
@@ -68,6 +70,7 @@ impl NodeInner {
             net_tasks: Mutex::new(Vec::new()),
             links,
             counters: Counters::default(),
+            supervision: Supervision::default(),
             shutdown: CancellationToken::new(),
             stopped: AtomicBool::new(false),
             local_addr,

@@ -9,8 +9,17 @@
 //! prefilled again, as it is after a reroute whose KV blocks were not
 //! migrated.
 //!
-//! It also polices the protocol from its side: unloading while blocks are
-//! still pinned, or while calls are still in flight, counts as a violation.
+//! It also polices the protocol from its side: unloading while calls are
+//! still in flight counts as a violation. Unloading frees the cache, pins
+//! included: a cell unloads only once every destination has read its
+//! blocks, so pins still held then only mean a `ReleaseKv` was lost; they
+//! are counted apart.
+//!
+//! Repeated requests (resends, the network's duplicates) change nothing
+//! twice: an attempt already being served is ignored and the last answered
+//! attempt of an execution is answered again; a released execution is not
+//! pinned again; an unload or load under way is not restarted, and one
+//! already done is answered at once.
 
 use std::collections::BTreeMap;
 
@@ -47,6 +56,10 @@ pub struct EngineStats {
     /// Prompt tokens prefilled (not found in the cache).
     pub prefilled_tokens: u64,
     pub violations: u64,
+    /// Pins still held at an unload (a lost `ReleaseKv`), freed by it.
+    pub pinned_at_unload: u64,
+    /// Repeated requests answered again or ignored.
+    pub repeats: u64,
 }
 
 #[derive(Debug)]
@@ -60,9 +73,16 @@ pub struct SimEngine {
     /// map keeps the run deterministic.
     kv: FxHashMap<ExecId, u64>,
     pinned: BTreeMap<ExecId, u64>,
+    /// Executions whose pins were released since the last unload.
+    released: std::collections::BTreeSet<ExecId>,
+    /// The last answered attempt of each execution: (call, attempt,
+    /// output tokens, version).
+    last_done: FxHashMap<ExecId, (CallId, u32, u64, Version)>,
     inflight: BTreeMap<CallId, InFlight>,
     control: Option<(Recipient<EngineEvent>, Version)>,
     stats: EngineStats,
+    /// The mutation check: an answered attempt is never answered again.
+    ignore_repeats: bool,
 }
 
 impl SimEngine {
@@ -76,10 +96,20 @@ impl SimEngine {
             version: 0,
             kv: FxHashMap::default(),
             pinned: BTreeMap::new(),
+            released: std::collections::BTreeSet::new(),
+            last_done: FxHashMap::default(),
             inflight: BTreeMap::new(),
             control: None,
             stats: EngineStats::default(),
+            ignore_repeats: false,
         }
+    }
+
+    /// Breaks the resend path on purpose (the swarm's mutation check,
+    /// `crate::world::Mutation::EngineIgnoresRepeats`).
+    pub fn ignoring_repeats(mut self) -> Self {
+        self.ignore_repeats = true;
+        self
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -122,6 +152,30 @@ impl Actor for SimEngine {
                 reply_to,
                 ..
             } => {
+                if self
+                    .inflight
+                    .get(&call)
+                    .is_some_and(|f| f.attempt == attempt)
+                {
+                    self.stats.repeats += 1;
+                    return;
+                }
+                if let Some(&(c, a, output_tokens, version)) = self.last_done.get(&call.exec)
+                    && (c, a) == (call, attempt)
+                {
+                    self.stats.repeats += 1;
+                    if self.ignore_repeats {
+                        return;
+                    }
+                    let done = CallEvent::Done {
+                        call,
+                        attempt,
+                        output_tokens,
+                        version,
+                        output: BlobId::NONE,
+                    };
+                    return cx.send(reply_to, done);
+                }
                 if !self.is_serving() {
                     self.stats.rejected += 1;
                     cx.send(reply_to, CallEvent::Rejected { call, attempt });
@@ -160,6 +214,9 @@ impl Actor for SimEngine {
             EngineReq::PinKv { execs, reply_to } => {
                 let mut blocks = Vec::new();
                 for exec in execs {
+                    if self.released.contains(&exec) {
+                        continue; // a repeated pin after the release
+                    }
                     if let Some(tokens) = self.kv.get(&exec).copied().filter(|t| *t > 0) {
                         self.pinned.insert(exec, tokens);
                         blocks.push(KvBlocks {
@@ -197,24 +254,53 @@ impl Actor for SimEngine {
             EngineReq::ReleaseKv { execs } => {
                 for exec in execs {
                     self.pinned.remove(&exec);
+                    self.released.insert(exec);
                 }
             }
             EngineReq::Unload { reply_to } => {
-                if !self.pinned.is_empty() || !self.inflight.is_empty() {
+                if cx.timer_armed(&EngineTimer::Unload) {
+                    self.stats.repeats += 1;
+                    return;
+                }
+                if !self.loaded && !cx.timer_armed(&EngineTimer::Load) {
+                    self.stats.repeats += 1;
+                    return cx.send(reply_to, EngineEvent::Unloaded);
+                }
+                if !self.inflight.is_empty() {
                     self.stats.violations += 1;
+                }
+                if !self.pinned.is_empty() {
+                    self.stats.pinned_at_unload += 1;
                 }
                 self.admitting = false;
                 self.loaded = false;
                 self.kv.clear();
+                self.pinned.clear();
+                self.released.clear();
                 self.control = Some((reply_to, self.version));
                 cx.set_timer(EngineTimer::Unload, self.costs.unload);
             }
             EngineReq::Load { version, reply_to } => {
+                if cx.timer_armed(&EngineTimer::Load) {
+                    self.stats.repeats += 1;
+                    return;
+                }
+                if self.loaded && !cx.timer_armed(&EngineTimer::Unload) {
+                    self.stats.repeats += 1;
+                    let loaded = EngineEvent::Loaded {
+                        version: self.version,
+                    };
+                    return cx.send(reply_to, loaded);
+                }
                 self.control = Some((reply_to, version));
                 cx.set_timer(EngineTimer::Load, self.costs.load);
             }
             EngineReq::SetWeights { version } => {
                 self.version = self.version.max(version);
+            }
+            EngineReq::SetWeightsAcked { version, reply_to } => {
+                self.version = self.version.max(version);
+                cx.send(reply_to, EngineEvent::WeightsSet { version });
             }
         }
     }
@@ -227,6 +313,8 @@ impl Actor for SimEngine {
                 };
                 self.stats.served += 1;
                 self.kv.insert(call.exec, f.prompt + f.output);
+                self.last_done
+                    .insert(call.exec, (call, f.attempt, f.output, self.version));
                 cx.send(
                     f.reply_to,
                     CallEvent::Done {

@@ -1,6 +1,7 @@
 //! A simulated evaluator backend: a drawn latency, a failure probability
 //! (the evaluator actor retries), and a reward drawn independently of how
-//! long the run took or how it ended.
+//! long the run took or how it ended. A repeated request is ignored while
+//! under way and answered again once done (see [`super::answered`]).
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,9 @@ use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq};
 use gyre_runtime::{Actor, ActorId, Cx, Recipient};
 use rand::Rng;
 
+use gyre_actors::sched::retry::ReqKey;
+
+use super::answered::Answered;
 use crate::costs::EvalCosts;
 
 #[derive(Debug)]
@@ -17,6 +21,7 @@ pub struct SimEvaluator {
     pending: BTreeMap<(ExecId, u32), Recipient<EvalEvent>>,
     pub scored: u64,
     pub failed: u64,
+    answered: Answered<EvalEvent>,
 }
 
 impl SimEvaluator {
@@ -26,6 +31,7 @@ impl SimEvaluator {
             pending: BTreeMap::new(),
             scored: 0,
             failed: 0,
+            answered: Answered::default(),
         }
     }
 }
@@ -40,6 +46,15 @@ impl Actor for SimEvaluator {
             attempt,
             reply_to,
         } = msg;
+        if self.pending.contains_key(&(exec, attempt)) {
+            return; // under way: its answer will come
+        }
+        if let Some((to, event)) = self
+            .answered
+            .again(ReqKey::Score(exec, attempt), reply_to.id())
+        {
+            return cx.send(to, event);
+        }
         self.pending.insert((exec, attempt), reply_to);
         let t = self.costs.latency.draw(cx.rng());
         cx.set_timer((exec, attempt), t);
@@ -51,20 +66,20 @@ impl Actor for SimEvaluator {
         };
         let (exec, attempt) = key;
         let rng = cx.rng();
-        if rng.random_bool(self.costs.p_fail.clamp(0.0, 1.0)) {
+        let event = if rng.random_bool(self.costs.p_fail.clamp(0.0, 1.0)) {
             self.failed += 1;
-            cx.send(reply_to, EvalEvent::Failed { exec, attempt });
+            EvalEvent::Failed { exec, attempt }
         } else {
             self.scored += 1;
             let reward = if rng.random_bool(0.5) { 1.0 } else { 0.0 };
-            cx.send(
-                reply_to,
-                EvalEvent::Scored {
-                    exec,
-                    attempt,
-                    reward,
-                },
-            );
-        }
+            EvalEvent::Scored {
+                exec,
+                attempt,
+                reward,
+            }
+        };
+        self.answered
+            .put(ReqKey::Score(exec, attempt), reply_to, event.clone());
+        cx.send(reply_to, event);
     }
 }

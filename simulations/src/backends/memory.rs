@@ -2,6 +2,10 @@
 //! memory takes a drawn time, and the device refuses to restore a role while
 //! the other is still resident if both do not fit, which is exactly the
 //! ordering SPEC 2.5 step 5 relies on.
+//!
+//! A repeated request (a resend, or the network's duplicate) does its work
+//! once: while the same operation is under way it is ignored, and once it
+//! is done the answer is given again at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,6 +70,22 @@ impl Actor for SimMemory {
     type Timer = u64;
 
     fn on_msg(&mut self, _from: ActorId, msg: MemoryReq, cx: &mut Cx<'_, Self>) {
+        let same = |a: &MemoryReq, b: &MemoryReq| {
+            matches!((a, b), (MemoryReq::Release { role: x, .. }, MemoryReq::Release { role: y, .. })
+                | (MemoryReq::Restore { role: x, .. }, MemoryReq::Restore { role: y, .. }) if x == y)
+        };
+        if self.ops.values().any(|(op, _)| same(op, &msg)) {
+            return; // under way; its answer will come
+        }
+        match &msg {
+            MemoryReq::Release { role, reply_to } if !self.resident.contains(role) => {
+                return cx.send(*reply_to, MemoryEvent::Released { role: *role });
+            }
+            MemoryReq::Restore { role, reply_to } if self.resident.contains(role) => {
+                return cx.send(*reply_to, MemoryEvent::Restored { role: *role });
+            }
+            _ => {}
+        }
         let (cost, reply_to) = match &msg {
             MemoryReq::Release { role, reply_to } => {
                 let span = match role {

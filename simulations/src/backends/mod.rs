@@ -3,6 +3,7 @@
 //! calibration. Each keeps statistics the invariant checker reads, and
 //! counts the protocol breaches it can see from its side.
 
+pub mod answered;
 pub mod engine;
 pub mod evaluator;
 pub mod harness;

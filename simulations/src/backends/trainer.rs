@@ -5,7 +5,8 @@
 //! cells of the prefix: an all-reduce over k members sends 2(k − 1)/k of
 //! the gradient bytes over each link, a broadcast the parameter bytes once.
 //! It also keeps the exact busy time and the time of every optimizer
-//! update, which the lab's reports read.
+//! update, which the lab's reports read. A repeated request is ignored
+//! while queued and answered again once done (see [`super::answered`]).
 
 use std::collections::VecDeque;
 
@@ -13,6 +14,9 @@ use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use gyre_runtime::{Actor, ActorId, Cx, Nanos};
 
 use gyre_actors::sched::ids::Step;
+use gyre_actors::sched::retry::ReqKey;
+
+use super::answered::Answered;
 
 use crate::costs::TrainerCosts;
 
@@ -37,6 +41,9 @@ pub struct SimTrainer {
     stats: TrainerStats,
     /// When each optimizer update finished, by step.
     updated_at: Vec<(Step, Nanos)>,
+    answered: Answered<TrainerEvent>,
+    /// The mutation check: repeated requests are done again.
+    repeat_work: bool,
 }
 
 impl SimTrainer {
@@ -55,7 +62,16 @@ impl SimTrainer {
             busy_since: 0,
             stats: TrainerStats::default(),
             updated_at: Vec::new(),
+            answered: Answered::default(),
+            repeat_work: false,
         }
+    }
+
+    /// Breaks the idempotency guard on purpose (the swarm's mutation check,
+    /// `crate::world::Mutation::TrainerRepeatsWork`).
+    pub fn repeating_work(mut self) -> Self {
+        self.repeat_work = true;
+        self
     }
 
     pub fn stats(&self) -> TrainerStats {
@@ -113,11 +129,52 @@ impl SimTrainer {
     }
 }
 
+/// Who asked for `req`.
+fn reply_to(req: &TrainerReq) -> gyre_runtime::ActorId {
+    match req {
+        TrainerReq::Warmup { reply_to, .. }
+        | TrainerReq::FwdBwd { reply_to, .. }
+        | TrainerReq::Drain { reply_to, .. }
+        | TrainerReq::BuildGroups { reply_to, .. }
+        | TrainerReq::Reduce { reply_to, .. }
+        | TrainerReq::Update { reply_to, .. }
+        | TrainerReq::Broadcast { reply_to, .. } => reply_to.id(),
+    }
+}
+
+impl SimTrainer {
+    fn reply(
+        &mut self,
+        key: ReqKey,
+        to: gyre_runtime::Recipient<TrainerEvent>,
+        event: TrainerEvent,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        self.answered.put(key, to, event.clone());
+        cx.send(to, event);
+    }
+}
+
 impl Actor for SimTrainer {
     type Msg = TrainerReq;
     type Timer = ();
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerReq, cx: &mut Cx<'_, Self>) {
+        let key = (ReqKey::of_trainer(&msg), reply_to(&msg));
+        if self.repeat_work {
+            self.queue.push_back(msg);
+            return self.next(cx);
+        }
+        if self
+            .queue
+            .iter()
+            .any(|q| (ReqKey::of_trainer(q), reply_to(q)) == key)
+        {
+            return; // queued or running: its answer will come
+        }
+        if let Some((to, event)) = self.answered.again(key.0, key.1) {
+            return cx.send(to, event);
+        }
         self.queue.push_back(msg);
         self.next(cx);
     }
@@ -129,10 +186,11 @@ impl Actor for SimTrainer {
         let Some(req) = self.queue.pop_front() else {
             return;
         };
+        let key = ReqKey::of_trainer(&req);
         match req {
             TrainerReq::Warmup { step, reply_to } => {
                 self.stats.warmups += 1;
-                cx.send(reply_to, TrainerEvent::Warm { step });
+                self.reply(key, reply_to, TrainerEvent::Warm { step }, cx);
             }
             TrainerReq::FwdBwd {
                 mstep,
@@ -142,36 +200,40 @@ impl Actor for SimTrainer {
             } => {
                 self.stats.micro_steps += 1;
                 self.stats.tokens += tokens;
-                cx.send(reply_to, TrainerEvent::Computed { mstep });
+                self.reply(key, reply_to, TrainerEvent::Computed { mstep }, cx);
             }
             TrainerReq::Drain { step, reply_to } => {
                 self.stats.drains += 1;
-                cx.send(reply_to, TrainerEvent::Drained { step });
+                self.reply(key, reply_to, TrainerEvent::Drained { step }, cx);
             }
             TrainerReq::BuildGroups { prefixes, reply_to } => {
-                cx.send(
+                self.reply(
+                    key,
                     reply_to,
                     TrainerEvent::GroupsBuilt {
                         groups: prefixes.len() as u32,
                     },
+                    cx,
                 );
             }
             TrainerReq::Reduce { step, reply_to, .. } => {
-                cx.send(
+                self.reply(
+                    key,
                     reply_to,
                     TrainerEvent::Reduced {
                         step,
                         grad_norm: 1.0,
                     },
+                    cx,
                 );
             }
             TrainerReq::Update { step, reply_to } => {
                 self.stats.updates += 1;
                 self.updated_at.push((step, now));
-                cx.send(reply_to, TrainerEvent::Updated { step });
+                self.reply(key, reply_to, TrainerEvent::Updated { step }, cx);
             }
             TrainerReq::Broadcast { step, reply_to, .. } => {
-                cx.send(reply_to, TrainerEvent::Broadcasted { step });
+                self.reply(key, reply_to, TrainerEvent::Broadcasted { step }, cx);
             }
         }
         self.next(cx);

@@ -1,13 +1,17 @@
 //! A simulated transfer engine: a latency plus a bandwidth term per read,
 //! registered weight buffers with their version, and a publication cost.
 //! It remembers when each publication finished: the burst boundaries of the
-//! lab's timeline.
+//! lab's timeline. A repeated request is ignored while under way and
+//! answered again once done (see [`super::answered`]).
 
 use std::collections::BTreeMap;
 
 use gyre_actors::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
 use gyre_runtime::{Actor, ActorId, Cx, Nanos};
 
+use gyre_actors::sched::retry::ReqKey;
+
+use super::answered::Answered;
 use crate::costs::TransferCosts;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -26,6 +30,7 @@ pub struct SimTransfer {
     ops: BTreeMap<u64, TransferReq>,
     stats: TransferStats,
     published_at: Vec<Nanos>,
+    answered: Answered<TransferEvent>,
 }
 
 impl SimTransfer {
@@ -37,6 +42,7 @@ impl SimTransfer {
             ops: BTreeMap::new(),
             stats: TransferStats::default(),
             published_at: Vec::new(),
+            answered: Answered::default(),
         }
     }
 
@@ -50,11 +56,31 @@ impl SimTransfer {
     }
 }
 
+/// Who asked for `req`.
+fn reply_to(req: &TransferReq) -> gyre_runtime::ActorId {
+    match req {
+        TransferReq::Expose { reply_to, .. }
+        | TransferReq::Read { reply_to, .. }
+        | TransferReq::Publish { reply_to, .. } => reply_to.id(),
+    }
+}
+
 impl Actor for SimTransfer {
     type Msg = TransferReq;
     type Timer = u64;
 
     fn on_msg(&mut self, _from: ActorId, msg: TransferReq, cx: &mut Cx<'_, Self>) {
+        let key = (ReqKey::of_transfer(&msg), reply_to(&msg));
+        if self
+            .ops
+            .values()
+            .any(|op| (ReqKey::of_transfer(op), reply_to(op)) == key)
+        {
+            return; // under way: its answer will come
+        }
+        if let Some((to, event)) = self.answered.again(key.0, key.1) {
+            return cx.send(to, event);
+        }
         let cost = match &msg {
             TransferReq::Expose { .. } => self.costs.latency,
             TransferReq::Read { bytes, .. } => {
@@ -71,7 +97,8 @@ impl Actor for SimTransfer {
         let Some(req) = self.ops.remove(&op) else {
             return;
         };
-        match req {
+        let key = ReqKey::of_transfer(&req);
+        let (to, event) = match req {
             TransferReq::Expose { version, reply_to } => {
                 self.stats.exposes += 1;
                 self.next_segment += 1;
@@ -80,7 +107,7 @@ impl Actor for SimTransfer {
                     version,
                     bytes: self.costs.weights_bytes,
                 };
-                cx.send(reply_to, TransferEvent::Exposed { segment });
+                (reply_to, TransferEvent::Exposed { segment })
             }
             TransferReq::Read {
                 tag,
@@ -89,15 +116,17 @@ impl Actor for SimTransfer {
             } => {
                 self.stats.reads += 1;
                 self.stats.bytes_read += bytes;
-                cx.send(reply_to, TransferEvent::ReadDone { tag });
+                (reply_to, TransferEvent::ReadDone { tag })
             }
             TransferReq::Publish {
                 version, reply_to, ..
             } => {
                 self.stats.publishes += 1;
                 self.published_at.push(cx.now());
-                cx.send(reply_to, TransferEvent::Published { version });
+                (reply_to, TransferEvent::Published { version })
             }
-        }
+        };
+        self.answered.put(key, to, event.clone());
+        cx.send(to, event);
     }
 }

@@ -95,6 +95,7 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
         overall_timeout: secs(w.overall_timeout_s()),
         eval_retry: secs(s.evaluator.retry_s),
         samples: SampleMode::Counted,
+        retry: None,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     cfg.costs = costs(s, run);
@@ -140,8 +141,11 @@ fn costs(s: &Scenario, run: &RunSpec) -> Costs {
     c.transfer.latency = secs(tr.latency_ms / 1e3);
     c.transfer.ns_per_kib = ns_per_kib(tr.read_gbps);
     c.transfer.weights_bytes = weights;
-    c.transfer.publish =
-        Span::fixed(c.transfer.latency + (weights as f64 / tr.publish_gbps) as Nanos);
+    c.transfer.publish = Span::fixed(
+        c.transfer
+            .latency
+            .saturating_add((weights as f64 / tr.publish_gbps) as Nanos),
+    );
 
     c.trainer.per_token = (t.node_ms_per_token * 1e6 / nodes).round() as Nanos;
     c.trainer.per_micro_step = secs(t.micro_step_overhead_ms / 1e3);

@@ -761,6 +761,11 @@ impl Actor for EngineWorker {
                     self.announced = self.announced.max(version);
                     self.control(Control::SetWeights { version }, cx);
                 }
+                EngineReq::SetWeightsAcked { version, reply_to } => {
+                    self.announced = self.announced.max(version);
+                    self.control(Control::SetWeights { version }, cx);
+                    cx.send(reply_to, EngineEvent::WeightsSet { version });
+                }
             },
             EngineWorkerMsg::Job(result) => {
                 let Some(running) = self.running.take() else {

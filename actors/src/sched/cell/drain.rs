@@ -16,6 +16,7 @@ use super::{Cell, CellMsg, Move, Phase, Stage};
 use crate::sched::ids::{ExecId, SwitchId};
 use crate::sched::proto::engine::{EngineEvent, EngineReq, KvBlocks};
 use crate::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
+use crate::sched::retry::Resend;
 use crate::sched::scheduler::SchedMsg;
 
 #[derive(Debug)]
@@ -55,7 +56,11 @@ impl Cell {
             stage: DrainStage::Preparing,
         });
         let reply_to = cx.recipient();
-        cx.send(self.links.engine, EngineReq::StopAdmitting { reply_to });
+        let engine = self.links.engine;
+        self.request(
+            Resend::Engine(engine, EngineReq::StopAdmitting { reply_to }),
+            cx,
+        );
     }
 
     pub(super) fn on_routes_moved(&mut self, switch: SwitchId, cx: &mut Cx<'_, Self>) {
@@ -76,7 +81,8 @@ impl Cell {
             d.stage = DrainStage::Pinning;
             let execs = d.moves.iter().map(|m| m.exec).collect();
             let reply_to = cx.recipient();
-            cx.send(self.links.engine, EngineReq::PinKv { execs, reply_to });
+            let req = Resend::Engine(self.links.engine, EngineReq::PinKv { execs, reply_to });
+            self.request(req, cx);
         }
     }
 
@@ -140,7 +146,8 @@ impl Cell {
             stage: Stage::Unloading,
         };
         let reply_to = cx.recipient();
-        cx.send(self.links.engine, EngineReq::Unload { reply_to });
+        let engine = self.links.engine;
+        self.request(Resend::Engine(engine, EngineReq::Unload { reply_to }), cx);
     }
 
     fn memory(
@@ -150,7 +157,7 @@ impl Cell {
     ) {
         let me = cx.recipient();
         match self.links.memory {
-            Some(port) => cx.send(port, req(me)),
+            Some(port) => self.request(Resend::Memory(port, req(me)), cx),
             None => self.unexpected("memory without a device"),
         }
     }
@@ -166,7 +173,11 @@ impl Cell {
             {
                 d.stage = DrainStage::Cancelling { pinned: blocks };
                 let reply_to = cx.recipient();
-                cx.send(self.links.engine, EngineReq::CancelAll { reply_to });
+                let engine = self.links.engine;
+                self.request(
+                    Resend::Engine(engine, EngineReq::CancelAll { reply_to }),
+                    cx,
+                );
             }
             (EngineEvent::CancelComplete { .. }, Phase::Draining(d)) => {
                 let stage = std::mem::replace(&mut d.stage, DrainStage::Pinning);
@@ -200,12 +211,7 @@ impl Cell {
                 let switch = *switch;
                 if self.version > version {
                     // A publication arrived while the engine was loading.
-                    cx.send(
-                        self.links.engine,
-                        EngineReq::SetWeights {
-                            version: self.version,
-                        },
-                    );
+                    self.set_weights(self.version, cx);
                 }
                 self.version = self.version.max(version);
                 self.phase = Phase::Rollout;
@@ -218,6 +224,8 @@ impl Cell {
                     },
                 );
             }
+            // Acknowledged; nothing follows from it.
+            (EngineEvent::WeightsSet { .. }, _) => {}
             _ => self.unexpected("engine event"),
         }
     }
@@ -281,13 +289,11 @@ impl Cell {
             ) if *stage == Stage::RestoringRollout => {
                 *stage = Stage::Loading;
                 let reply_to = cx.recipient();
-                cx.send(
-                    self.links.engine,
-                    EngineReq::Load {
-                        version: self.version,
-                        reply_to,
-                    },
-                );
+                let req = EngineReq::Load {
+                    version: self.version,
+                    reply_to,
+                };
+                self.request(Resend::Engine(self.links.engine, req), cx);
             }
             (MemoryEvent::Refused { role, reason }, _) => {
                 self.stats.faults += 1;

@@ -23,7 +23,7 @@ mod ret;
 mod takeover;
 mod train;
 
-use gyre_runtime::{Actor, ActorId, Addr, Cx};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::core::Core;
@@ -34,6 +34,7 @@ use crate::sched::proto::memory::{MemoryEvent, MemoryReq};
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{TransferEvent, TransferReq};
 use crate::sched::queue::MicroQueue;
+use crate::sched::retry::{Outbox, ReqKey, Resend, RetryTick};
 use crate::sched::scheduler::Scheduler;
 
 pub use crate::sched::msg::cell::{CellMsg, Move};
@@ -128,6 +129,8 @@ pub struct Cell {
     version: Version,
     /// A return that arrived mid-batch, applied once the batch is done.
     pending_return: Option<(SwitchId, Version)>,
+    /// Backend requests awaiting their answers.
+    outbox: Outbox,
     stats: CellStats,
 }
 
@@ -150,8 +153,38 @@ impl Cell {
             phase: Phase::Rollout,
             version: 0,
             pending_return: None,
+            outbox: Outbox::new(None),
             stats: CellStats::default(),
         }
+    }
+
+    /// Resends unanswered backend requests every `after` (see
+    /// [`crate::sched::retry`]).
+    pub fn with_retry(mut self, after: Option<Nanos>) -> Self {
+        self.outbox = Outbox::new(after);
+        self
+    }
+
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// Tells the engine to serve `version`: a hint sent once, or, when
+    /// requests are resent, a request resent until acknowledged.
+    fn set_weights(&mut self, version: Version, cx: &mut Cx<'_, Self>) {
+        let engine = self.links.engine;
+        if self.outbox.resends() {
+            let reply_to = cx.recipient();
+            let req = EngineReq::SetWeightsAcked { version, reply_to };
+            self.request(Resend::Engine(engine, req), cx);
+        } else {
+            cx.send(engine, EngineReq::SetWeights { version });
+        }
+    }
+
+    /// Sends a backend request through the outbox.
+    fn request(&mut self, req: Resend, cx: &mut Cx<'_, Self>) {
+        self.outbox.send(cx, req);
     }
 
     pub fn index(&self) -> Option<u32> {
@@ -209,8 +242,12 @@ impl Cell {
 
 impl Actor for Cell {
     type Msg = CellMsg;
-    type Timer = ();
+    type Timer = RetryTick;
     gyre_runtime::accepts!(EngineEvent, MemoryEvent, TrainerEvent, TransferEvent);
+
+    fn on_timer(&mut self, _: RetryTick, cx: &mut Cx<'_, Self>) {
+        self.outbox.tick(cx);
+    }
 
     fn on_msg(&mut self, _from: ActorId, msg: CellMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -222,16 +259,31 @@ impl Actor for Cell {
             CellMsg::Weights { version } => {
                 self.version = self.version.max(version);
                 if matches!(self.phase, Phase::Rollout) {
-                    cx.send(self.links.engine, EngineReq::SetWeights { version });
+                    self.set_weights(version, cx);
                 }
             }
             CellMsg::Batch { step, snapshot } => self.on_batch(step, snapshot, cx),
             CellMsg::Grant { mstep } => self.on_grant(mstep, cx),
             CellMsg::StreamEnd { step } => self.on_stream_end(step, cx),
-            CellMsg::Engine(e) => self.on_engine(e, cx),
-            CellMsg::Memory(e) => self.on_memory(e, cx),
-            CellMsg::Trainer(e) => self.on_trainer(e, cx),
-            CellMsg::Transfer(TransferEvent::ReadDone { tag }) => self.on_read_done(tag, cx),
+            // A backend's answer counts once: a duplicate (the network's
+            // copy, or the answer to a resend) finds nothing outstanding.
+            // A refusal does not say which of the role's requests it
+            // answers (a device may refuse a release too): it ends both.
+            CellMsg::Memory(MemoryEvent::Refused { role, reason }) => {
+                self.outbox.forget(&ReqKey::Release(role));
+                self.outbox.forget(&ReqKey::Restore(role));
+                self.on_memory(MemoryEvent::Refused { role, reason }, cx);
+            }
+            CellMsg::Engine(e) if self.outbox.ack(&e) => self.on_engine(e, cx),
+            CellMsg::Memory(e) if self.outbox.ack(&e) => self.on_memory(e, cx),
+            CellMsg::Trainer(e) if self.outbox.ack(&e) => self.on_trainer(e, cx),
+            CellMsg::Transfer(e @ TransferEvent::ReadDone { .. }) if self.outbox.ack(&e) => {
+                if let TransferEvent::ReadDone { tag } = e {
+                    self.on_read_done(tag, cx);
+                }
+            }
+            CellMsg::Engine(_) | CellMsg::Memory(_) | CellMsg::Trainer(_) => {}
+            CellMsg::Transfer(TransferEvent::ReadDone { .. }) => {}
             CellMsg::Transfer(_) => self.unexpected("transfer event"),
         }
     }

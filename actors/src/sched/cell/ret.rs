@@ -8,6 +8,7 @@ use gyre_runtime::Cx;
 use super::{Cell, Phase, Stage};
 use crate::sched::ids::{SwitchId, Version};
 use crate::sched::proto::memory::{MemRole, MemoryReq};
+use crate::sched::retry::Resend;
 
 impl Cell {
     pub(super) fn on_return(&mut self, switch: SwitchId, version: Version, cx: &mut Cx<'_, Self>) {
@@ -35,13 +36,13 @@ impl Cell {
         };
         let reply_to = cx.recipient();
         match self.links.memory {
-            Some(port) => cx.send(
-                port,
-                MemoryReq::Release {
+            Some(port) => {
+                let req = MemoryReq::Release {
                     role: MemRole::Training,
                     reply_to,
-                },
-            ),
+                };
+                self.request(Resend::Memory(port, req), cx);
+            }
             None => self.unexpected("memory without a device"),
         }
     }

@@ -12,6 +12,7 @@ use super::{Cell, CellMsg, Phase};
 use crate::sched::ids::SwitchId;
 use crate::sched::proto::engine::{EngineReq, KvBlocks};
 use crate::sched::proto::transfer::{ReadTag, TransferReq};
+use crate::sched::retry::Resend;
 
 impl Cell {
     pub(super) fn on_take_over(
@@ -22,18 +23,22 @@ impl Cell {
         cx: &mut Cx<'_, Self>,
     ) {
         let reply_to = cx.recipient();
-        cx.send(
-            self.links.transfer,
-            TransferReq::Read {
-                tag: ReadTag::Kv {
-                    switch,
-                    exec: kv.exec,
-                    tokens: kv.tokens,
-                    source,
+        let transfer = self.links.transfer;
+        self.request(
+            Resend::Transfer(
+                transfer,
+                TransferReq::Read {
+                    tag: ReadTag::Kv {
+                        switch,
+                        exec: kv.exec,
+                        tokens: kv.tokens,
+                        source,
+                    },
+                    bytes: kv.tokens.saturating_mul(self.kv_bytes_per_token),
+                    reply_to,
                 },
-                bytes: kv.tokens.saturating_mul(self.kv_bytes_per_token),
-                reply_to,
-            },
+            ),
+            cx,
         );
     }
 

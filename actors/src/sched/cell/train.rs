@@ -12,6 +12,7 @@ use crate::sched::ids::{MicroStepId, Step, SwitchId, Version};
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{ReadTag, Segment, TransferReq};
 use crate::sched::queue::{MicroStep, QueueMsg};
+use crate::sched::retry::Resend;
 use crate::sched::scheduler::SchedMsg;
 
 /// Progress through one batch.
@@ -39,17 +40,15 @@ impl Cell {
             Some(seg) => {
                 self.phase = Phase::Syncing { step, joining };
                 let reply_to = cx.recipient();
-                cx.send(
-                    self.links.transfer,
-                    TransferReq::Read {
-                        tag: ReadTag::Snapshot {
-                            step,
-                            version: seg.version,
-                        },
-                        bytes: seg.bytes,
-                        reply_to,
+                let req = TransferReq::Read {
+                    tag: ReadTag::Snapshot {
+                        step,
+                        version: seg.version,
                     },
-                );
+                    bytes: seg.bytes,
+                    reply_to,
+                };
+                self.request(Resend::Transfer(self.links.transfer, req), cx);
             }
             None => self.start_batch(step, joining, cx),
         }
@@ -104,7 +103,7 @@ impl Cell {
 
     fn trainer(&mut self, req: TrainerReq, cx: &mut Cx<'_, Self>) {
         match self.links.trainer {
-            Some(port) => cx.send(port, req),
+            Some(port) => self.request(Resend::Trainer(port, req), cx),
             None => self.unexpected("training without a trainer"),
         }
     }

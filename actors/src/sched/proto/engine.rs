@@ -16,7 +16,7 @@ pub struct KvBlocks {
     pub tokens: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum EngineReq {
     /// Serve one model call (attempt `attempt` of it); answered with a
     /// [`CallEvent`] to `reply_to`.
@@ -49,20 +49,38 @@ pub enum EngineReq {
     },
     /// A publication: serve `version` from now on.
     SetWeights { version: Version },
+    /// [`EngineReq::SetWeights`], acknowledged with
+    /// [`EngineEvent::WeightsSet`]: what a cell sends when it resends
+    /// unanswered requests (`SchedConfig::retry`), so a lost publication
+    /// is sent again.
+    SetWeightsAcked {
+        version: Version,
+        reply_to: Recipient<EngineEvent>,
+    },
 }
 
 /// Answers to the cell that drives the engine.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum EngineEvent {
     AdmissionStopped,
-    KvPinned { blocks: Vec<KvBlocks> },
-    CancelComplete { cancelled: u32 },
+    KvPinned {
+        blocks: Vec<KvBlocks>,
+    },
+    CancelComplete {
+        cancelled: u32,
+    },
     Unloaded,
-    Loaded { version: Version },
+    Loaded {
+        version: Version,
+    },
+    /// The answer to [`EngineReq::SetWeightsAcked`].
+    WeightsSet {
+        version: Version,
+    },
 }
 
 /// Answers to the proxy about one attempt of one call.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum CallEvent {
     Done {
         call: CallId,

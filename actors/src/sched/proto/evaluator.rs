@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::sched::ids::ExecId;
 use gyre_runtime::Recipient;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum EvalReq {
     Score {
         exec: ExecId,
@@ -16,7 +16,7 @@ pub enum EvalReq {
     },
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum EvalEvent {
     Scored {
         exec: ExecId,

@@ -14,7 +14,7 @@ pub enum MemRole {
     Training,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum MemoryReq {
     Release {
         role: MemRole,
@@ -26,7 +26,7 @@ pub enum MemoryReq {
     },
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum MemoryEvent {
     Released {
         role: MemRole,

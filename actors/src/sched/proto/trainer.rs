@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::sched::ids::{MicroStepId, Step};
 use gyre_runtime::{BlobId, Recipient};
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum TrainerReq {
     /// Fill the one-forward-one-backward pipeline: once per batch.
     Warmup {
@@ -53,7 +53,7 @@ pub enum TrainerReq {
     },
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum TrainerEvent {
     Warm { step: Step },
     Computed { mstep: MicroStepId },

@@ -32,7 +32,7 @@ pub enum ReadTag {
     Snapshot { step: Step, version: Version },
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum TransferReq {
     /// Register the buffer holding the authoritative weights.
     Expose {
@@ -53,7 +53,7 @@ pub enum TransferReq {
     },
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum TransferEvent {
     Exposed { segment: Segment },
     ReadDone { tag: ReadTag },

@@ -92,13 +92,20 @@ impl Scheduler {
         self.try_transition(cx);
     }
 
-    /// The new weights reach every engine that is serving.
+    /// The new weights reach every engine that is serving or about to
+    /// serve again: a returning cell was told an older version when its
+    /// return began, and would otherwise serve it until the next
+    /// publication (the swarm's "every published version served" check
+    /// found this).
     fn publish_to_rollout(&mut self, version: Version, cx: &mut Cx<'_, Self>) {
         let Some(peers) = &self.peers else {
             return;
         };
         for (c, addr) in peers.cells.iter().enumerate() {
-            if self.ledger.role(c as u32) == Some(Role::Rollout) {
+            if matches!(
+                self.ledger.role(c as u32),
+                Some(Role::Rollout | Role::Returning)
+            ) {
                 cx.send(*addr, CellMsg::Weights { version });
             }
         }

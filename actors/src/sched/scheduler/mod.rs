@@ -269,7 +269,7 @@ impl Scheduler {
         if let Some(p) = b.pool_engine {
             engines.insert(EngineIx::Pool, p);
         }
-        let mut proxy = Proxy::new(engines);
+        let mut proxy = Proxy::new(engines).with_retry(cfg.retry);
         if let Some(store) = &b.blobs {
             proxy = proxy.with_blobs(store.clone());
         }
@@ -278,21 +278,25 @@ impl Scheduler {
             .with_dispatched(cfg.dispatched_per_group())
             .with_sched(me);
         let buffer = cx.spawn(buffer);
-        let evaluator = cx.spawn(Evaluator::new(b.evaluator, buffer, cfg.eval_retry));
-        let core = cx.spawn(Core::new(
-            CoreConfig {
-                cells: cfg.cells,
-                mu: cfg.mu,
-                target_steps: cfg.target_steps,
-                streaming: cfg.streaming,
-                keep_satellites: matches!(cfg.policy, Policy::Async { .. }),
-            },
-            CoreLinks {
-                sched: me,
-                trainer: b.trainers[0],
-                transfer: b.transfer,
-            },
-        ));
+        let evaluator = Evaluator::new(b.evaluator, buffer, cfg.eval_retry).with_resend(cfg.retry);
+        let evaluator = cx.spawn(evaluator);
+        let core = cx.spawn(
+            Core::new(
+                CoreConfig {
+                    cells: cfg.cells,
+                    mu: cfg.mu,
+                    target_steps: cfg.target_steps,
+                    streaming: cfg.streaming,
+                    keep_satellites: matches!(cfg.policy, Policy::Async { .. }),
+                },
+                CoreLinks {
+                    sched: me,
+                    trainer: b.trainers[0],
+                    transfer: b.transfer,
+                },
+            )
+            .with_retry(cfg.retry),
+        );
         let queue = cx.spawn(MicroQueue::new());
         let mut packer = Packer::new(
             PackerConfig {
@@ -327,12 +331,13 @@ impl Scheduler {
         let cells = (0..cfg.cells as usize)
             .map(|i| {
                 let l = links(b.engines[i], Some(b.trainers[i]), Some(b.memories[i]));
-                cx.spawn(Cell::new(i as u32, l, b.kv_bytes_per_token))
+                cx.spawn(Cell::new(i as u32, l, b.kv_bytes_per_token).with_retry(cfg.retry))
             })
             .collect();
-        let pool = b
-            .pool_engine
-            .map(|e| cx.spawn(Cell::standalone(links(e, None, None), b.kv_bytes_per_token)));
+        let pool = b.pool_engine.map(|e| {
+            let pool = Cell::standalone(links(e, None, None), b.kv_bytes_per_token);
+            cx.spawn(pool.with_retry(cfg.retry))
+        });
         Peers {
             proxy,
             buffer,

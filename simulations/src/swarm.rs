@@ -1,0 +1,293 @@
+//! Swarm testing of the scheduling plane: small clusters under the fault
+//! plan their seed draws (`FaultPlan::within`: loss, duplication,
+//! reordering, latency shape, partitions), checked in two phases.
+//!
+//! - Safety: the plan's faults act for the first [`HORIZON`] of virtual
+//!   time while every invariant of [`crate::checker`] is checked after
+//!   every event.
+//! - Liveness: then every link is healed and the network made reliable
+//!   again, and the run must finish its steps within the event bound, with
+//!   the end-of-run accounting exact (every call answered, every started
+//!   execution closed, every group trained once, every micro-step granted
+//!   once, one update per step).
+//!
+//! Backend requests are resent every [`RETRY`] until answered (see
+//! `gyre_actors::sched::retry`). What a plan does not touch yet: the
+//! harness link (the harness is placed on the scheduler's node, its
+//! protocol having no acknowledgements), and crashes (no actor of the
+//! cluster is restartable, so planned crashes find no target).
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+
+use gyre_runtime::sim::{FaultPlan, LinkModel, SimError, fmt_nanos};
+use gyre_runtime::{Nanos, NodeId, SECS};
+
+use crate::checker::{Checker, check_end};
+use crate::random::small_config;
+use crate::run::RunError;
+use crate::world::{ClusterConfig, build};
+
+/// How long a seed's faults act.
+pub const HORIZON: Nanos = 600 * SECS;
+/// The resend interval of unanswered backend requests.
+pub const RETRY: Nanos = SECS;
+
+/// The small cluster of `seed` made smaller (at most 3 cells, 2 pool
+/// slots, 2 calls per execution, 2 bursts), configured to resend.
+pub fn swarm_config(seed: u64) -> ClusterConfig {
+    let mut cfg = small_config(seed);
+    let full = cfg.clone();
+    let s = &mut cfg.sched;
+    s.cells = s.cells.min(3);
+    s.pool_capacity = s.pool_capacity.min(2);
+    if let gyre_actors::sched::Policy::Async { train_cells } = &mut s.policy {
+        *train_cells = (*train_cells).min(s.cells);
+        if *train_cells == s.cells && s.pool_capacity == 0 {
+            s.pool_capacity = 1;
+        }
+    }
+    s.target_steps = s.target_steps.min(2 * u64::from(s.mu));
+    cfg.costs.trainer.slowdown.truncate(s.cells as usize);
+    let calls = &mut cfg.costs.workload.calls;
+    *calls = crate::costs::Span::new(calls.min.min(2), calls.max.min(2));
+    if cfg.sched.validate().is_err() {
+        cfg = full;
+    }
+    cfg.sched.retry = Some(RETRY);
+    cfg.harness_local = true;
+    cfg
+}
+
+/// What one swarm seed injected and how it ended.
+#[derive(Debug)]
+pub struct SwarmOutcome {
+    pub seed: u64,
+    pub plan: FaultPlan,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub partitions: usize,
+    pub resent: u64,
+    pub duplicate_answers: u64,
+    pub steps: u64,
+    pub events: u64,
+    pub virtual_time: Nanos,
+    /// For each partition that healed while steps remained: virtual time
+    /// from its heal to the next optimizer update (recovery, including
+    /// whatever of the step was still to do).
+    pub heal_to_step: Vec<Nanos>,
+    /// `None`: every invariant held and the run finished. The error
+    /// carries the seed, the settings and the `GYRE_SEED=` line.
+    pub error: Option<Box<SimError>>,
+}
+
+impl SwarmOutcome {
+    pub fn ok(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// One table row.
+    pub fn row(&self) -> String {
+        format!(
+            "{:>8} {:>5.1}% {:>5.1}% {:>4} {:>5} {:>7} {:>7} {:>6} {:>5} {:>10} {}",
+            self.seed,
+            self.plan.link.loss * 100.0,
+            self.plan.link.duplicate * 100.0,
+            if self.plan.link.fifo { "fifo" } else { "any" },
+            self.partitions,
+            self.dropped,
+            self.duplicated,
+            self.resent,
+            self.steps,
+            fmt_nanos(self.virtual_time),
+            match &self.error {
+                None => "ok".to_owned(),
+                Some(e) => format!("FAILED: {}", e.failure),
+            }
+        )
+    }
+
+    pub const HEADER: &'static str =
+        "    seed   loss    dup link parts dropped  copies resent steps    virtual outcome";
+}
+
+impl fmt::Display for SwarmOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.row())
+    }
+}
+
+/// Runs seed `seed` through both phases.
+pub fn run_swarm_seed(seed: u64) -> Result<SwarmOutcome, RunError> {
+    run_swarm(&swarm_config(seed), FaultPlan::within(seed, HORIZON))
+}
+
+/// Runs `cfg` under `plan` through both phases.
+pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, RunError> {
+    let mut cluster = build(cfg)?;
+    let healthy: LinkModel = cfg.link;
+    let checker = Rc::new(RefCell::new(Checker::new(&cluster)));
+    let c = Rc::clone(&checker);
+    cluster
+        .sim
+        .set_invariant(move |view| c.borrow_mut().check(view));
+    cluster.sim.apply_faults(plan.clone());
+    let mut outcome = SwarmOutcome {
+        seed: cfg.seed,
+        plan: plan.clone(),
+        dropped: 0,
+        duplicated: 0,
+        partitions: plan.partitions.len(),
+        resent: 0,
+        duplicate_answers: 0,
+        steps: 0,
+        events: 0,
+        virtual_time: 0,
+        heal_to_step: Vec::new(),
+        error: None,
+    };
+    // Phase 1, safety under faults.
+    let first = cluster.sim.run_until(HORIZON);
+    if let Err(e) = first {
+        outcome.error = Some(Box::new(e));
+    } else {
+        // Phase 2: heal everything, then the run must finish.
+        let nodes: Vec<NodeId> = node_ids(cfg);
+        for (i, a) in nodes.iter().enumerate() {
+            for b in &nodes[i + 1..] {
+                cluster.sim.heal(*a, *b);
+                cluster.sim.set_link(*a, *b, healthy);
+            }
+        }
+        let failed = match cluster.sim.run() {
+            Err(e) => Some(e),
+            Ok(stats) if stats.limited => Some(cluster.sim.fail(format!(
+                "liveness: still busy {} events after the faults healed; waiting: {}",
+                stats.events,
+                waiting(&cluster)
+            ))),
+            Ok(_) => check_end(&cluster)
+                .err()
+                .map(|e| cluster.sim.fail(format!("end of run: {e}"))),
+        };
+        outcome.error = failed.map(Box::new);
+    }
+    let sim = &cluster.sim;
+    if let Some(t) = cluster
+        .backends
+        .trainers
+        .first()
+        .and_then(|t| sim.actor(*t))
+    {
+        let updates: Vec<Nanos> = t.updates().iter().map(|(_, at)| *at).collect();
+        for p in &plan.partitions {
+            let healed = p.at.saturating_add(p.lasts).min(HORIZON);
+            if let Some(next) = updates.iter().find(|u| **u >= healed) {
+                outcome.heal_to_step.push(next - healed);
+            }
+        }
+    }
+    let net = sim.stats();
+    outcome.dropped = net.dropped_loss + net.dropped_partition;
+    outcome.duplicated = net.duplicated;
+    outcome.events = sim.events();
+    outcome.virtual_time = sim.now();
+    if let Some(s) = sim.actor(cluster.sched)
+        && let Some(p) = s.peers()
+    {
+        let core = sim.actor(p.core);
+        outcome.steps = core.map_or(0, |c| c.version());
+        let mut boxes = Vec::new();
+        boxes.extend(sim.actor(p.proxy).map(|x| x.outbox().stats()));
+        boxes.extend(sim.actor(p.evaluator).map(|x| x.outbox().stats()));
+        boxes.extend(core.map(|x| x.outbox().stats()));
+        for cell in p.cells.iter().chain(p.pool.iter()) {
+            boxes.extend(sim.actor(*cell).map(|x| x.outbox().stats()));
+        }
+        outcome.resent = boxes.iter().map(|b| b.resent).sum();
+        outcome.duplicate_answers = boxes.iter().map(|b| b.duplicates).sum();
+    }
+    Ok(outcome)
+}
+
+/// The requests each scheduling actor still waits on, for a liveness report.
+fn waiting(cluster: &crate::world::Cluster) -> String {
+    let sim = &cluster.sim;
+    let Some(p) = sim.actor(cluster.sched).and_then(|s| s.peers()) else {
+        return "nothing (no scheduler)".to_owned();
+    };
+    let mut parts = Vec::new();
+    let mut note = |who: String, keys: Vec<gyre_actors::sched::retry::ReqKey>| {
+        if !keys.is_empty() {
+            parts.push(format!("{who} {keys:?}"));
+        }
+    };
+    if let Some(x) = sim.actor(p.proxy) {
+        note("proxy".into(), x.outbox().pending());
+    }
+    if let Some(x) = sim.actor(p.evaluator) {
+        note("evaluator".into(), x.outbox().pending());
+    }
+    if let Some(x) = sim.actor(p.core) {
+        note(format!("core ({:?})", x.phase()), x.outbox().pending());
+    }
+    for (i, cell) in p.cells.iter().chain(p.pool.iter()).enumerate() {
+        if let Some(x) = sim.actor(*cell) {
+            note(format!("cell {i} ({:?})", x.role()), x.outbox().pending());
+        }
+    }
+    if parts.is_empty() {
+        "no backend request".to_owned()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// Every node the cluster of `cfg` uses.
+fn node_ids(cfg: &ClusterConfig) -> Vec<NodeId> {
+    let plan = gyre_actors::sched::plan::ClusterPlan::for_config(&cfg.sched);
+    let mut nodes = vec![plan.sched, plan.transfer, plan.harness, plan.evaluator];
+    nodes.extend(plan.cells);
+    nodes.extend(plan.pool);
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// A swarm of `count` seeds from `base`, one table row per seed written to
+/// `out` as it finishes, then a summary line; returns the failing seeds.
+pub fn run_table(
+    count: u64,
+    base: u64,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<Vec<(u64, String)>> {
+    writeln!(out, "{}", SwarmOutcome::HEADER)?;
+    let mut failed = Vec::new();
+    let (mut dropped, mut copies, mut resent, mut parts) = (0, 0, 0, 0);
+    for seed in base..base.saturating_add(count) {
+        let outcome = match run_swarm_seed(seed) {
+            Ok(o) => o,
+            Err(e) => {
+                writeln!(out, "{seed:>8} could not run: {e}")?;
+                failed.push((seed, e.to_string()));
+                continue;
+            }
+        };
+        writeln!(out, "{}", outcome.row())?;
+        dropped += outcome.dropped;
+        copies += outcome.duplicated;
+        resent += outcome.resent;
+        parts += outcome.partitions;
+        if let Some(e) = outcome.error {
+            failed.push((seed, e.to_string()));
+        }
+    }
+    writeln!(
+        out,
+        "{count} seeds: {} ok, {} failed; injected {parts} partitions, {dropped} messages dropped, {copies} duplicated; {resent} requests resent",
+        count as usize - failed.len(),
+        failed.len()
+    )?;
+    Ok(failed)
+}

@@ -1,0 +1,108 @@
+//! The swarm: small clusters under seed-drawn fault plans (loss,
+//! duplication, reordering, partitions), every invariant checked after
+//! every event while the faults act, then liveness and exact accounting
+//! once they heal (see `gyre_simulations::swarm`); and the mutation check:
+//! with one backend guard broken on purpose, the swarm must fail.
+//!
+//! `GYRE_SWARM_SEEDS=N` sets how many seeds run (default 10,000, in two
+//! halves that run in parallel); a failure names its seed, and
+//! `GYRE_SEED=<seed> cargo test -p gyre-simulations --test swarm` replays
+//! exactly that run.
+
+use gyre_runtime::sim::{FaultPlan, check_seeds};
+use gyre_simulations::run::RunError;
+use gyre_simulations::swarm::{HORIZON, run_swarm, run_swarm_seed, swarm_config};
+use gyre_simulations::world::Mutation;
+
+const DEFAULT_SEEDS: u64 = 10_000;
+
+fn seeds() -> u64 {
+    std::env::var("GYRE_SWARM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_SEEDS)
+}
+
+fn swarm(count: u64, base: u64) {
+    let started = std::time::Instant::now();
+    let totals = std::cell::RefCell::new((0u64, 0u64, 0u64, 0u64));
+    let recoveries = std::cell::RefCell::new(Vec::new());
+    check_seeds(count, base, |seed| match run_swarm_seed(seed) {
+        Ok(o) => {
+            let mut t = totals.borrow_mut();
+            t.0 += 1;
+            t.1 += o.dropped;
+            t.2 += o.duplicated;
+            t.3 += o.resent;
+            recoveries
+                .borrow_mut()
+                .extend(o.heal_to_step.iter().copied());
+            o.error.map_or(Ok(()), |e| Err(*e))
+        }
+        Err(RunError::Sim(e)) => Err(*e),
+        Err(RunError::Config(e)) => panic!("seed {seed} drew an invalid config: {e}"),
+    });
+    let (runs, dropped, copies, resent) = totals.into_inner();
+    let mut rec = recoveries.into_inner();
+    rec.sort_unstable();
+    if !rec.is_empty() {
+        let pick = |q: f64| rec[((rec.len() - 1) as f64 * q) as usize] as f64 / 1e9;
+        eprintln!(
+            "partition heal -> next optimizer update (virtual s), {} partitions: median {:.1}, p90 {:.1}, max {:.1}",
+            rec.len(),
+            pick(0.5),
+            pick(0.9),
+            pick(1.0)
+        );
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "swarm from seed {base}: {runs} seeds in {secs:.1} s ({:.0} seeds/s); {dropped} messages dropped, {copies} duplicated, {resent} requests resent",
+        runs as f64 / secs.max(1e-9)
+    );
+}
+
+#[test]
+fn clusters_under_fault_plans_stay_safe_and_finish_once_healed_first_half() {
+    swarm(seeds().div_ceil(2), 0);
+}
+
+#[test]
+fn clusters_under_fault_plans_stay_safe_and_finish_once_healed_second_half() {
+    if std::env::var(gyre_runtime::sim::SEED_ENV).is_ok() {
+        return; // a replay runs once, in the first half
+    }
+    let n = seeds();
+    swarm(n / 2, n.div_ceil(2));
+}
+
+/// The first seed (of at most `limit`) whose run fails with `mutation`.
+fn first_failure(mutation: Mutation, limit: u64) -> Option<(u64, String)> {
+    (0..limit).find_map(|seed| {
+        let mut cfg = swarm_config(seed);
+        cfg.mutation = Some(mutation);
+        let outcome = run_swarm(&cfg, FaultPlan::within(seed, HORIZON)).ok()?;
+        outcome.error.map(|e| (seed, e.failure.to_string()))
+    })
+}
+
+#[test]
+fn the_swarm_catches_a_trainer_that_repeats_work() {
+    let found = first_failure(Mutation::TrainerRepeatsWork, 300);
+    eprintln!("mutation TrainerRepeatsWork caught: {found:?}");
+    let (_, why) = found.expect("the swarm missed a broken idempotency guard");
+    assert!(why.contains("micro-steps"), "{why}");
+}
+
+#[test]
+fn the_swarm_catches_an_engine_that_never_answers_again() {
+    let found = first_failure(Mutation::EngineIgnoresRepeats, 300);
+    eprintln!("mutation EngineIgnoresRepeats caught: {found:?}");
+    let (_, why) = found.expect("the swarm missed a broken resend path");
+    assert!(
+        ["liveness", "unanswered", "call timeouts"]
+            .iter()
+            .any(|w| why.contains(w)),
+        "{why}"
+    );
+}
