@@ -5,6 +5,7 @@
 //! cap), its loss, its per-token gradient and its parameter gradient match
 //! `gyre_actors::trajectory::objective` evaluated on the same log-probs.
 
+use gyre::embedded::trainer::micro_step;
 use gyre_actors::trajectory::objective::{
     ObjectiveConfig as RefConfig, coefficient, loss_and_grad,
 };
@@ -12,7 +13,7 @@ use gyre_actors::trajectory::packing::{TokenRow, flatten_targets, pack};
 use gyre_actors::trajectory::tree::NodeId;
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{
-    Loss, MicroStep, ObjectiveConfig, RowChunk, SeqStats, TrainRow, Trainer, data, objective,
+    Loss, MicroStep, ObjectiveConfig, SeqStats, TrainRow, Trainer, data, objective,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -82,20 +83,7 @@ fn trainer_matches_the_reference_objective() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let mut rows = rows(&mut rng, cfg.vocab as u32);
     let packed = pack(&rows, 16).unwrap();
-    let steps: Vec<MicroStep> = packed
-        .iter()
-        .map(|s| MicroStep {
-            chunks: s
-                .chunks
-                .iter()
-                .map(|c| RowChunk {
-                    row: c.row,
-                    start: c.start,
-                    end: c.end,
-                })
-                .collect(),
-        })
-        .collect();
+    let steps: Vec<MicroStep> = packed.iter().map(|s| micro_step(&s.chunks)).collect();
     assert!(steps.len() > 3);
     let mut trainer = Trainer::new(&cfg, &params).unwrap();
 

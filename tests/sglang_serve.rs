@@ -6,9 +6,7 @@
 //! naming the problem; a hung server times out; a Hugging Face checkpoint
 //! serves end to end.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use gyre::backends::sglang::client::Health;
@@ -19,52 +17,16 @@ use gyre::gpu::engine::{Engine, EngineConfig, Request, SamplingParams};
 use gyre::gpu::model::hf::{self, HfConfig};
 use gyre::gpu::model::{Arch, DecoderArch, Family, ModelConfig, ParamBuffer, safetensors_io};
 
-/// A `gyre serve` child process, killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-}
+mod common;
 
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("gyre serve starts");
-        let out = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(out)
-            .read_line(&mut line)
-            .expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("gyre serve listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Server {
-            child,
-            url: format!("http://{addr}"),
-        }
-    }
+use common::Serve as Server;
 
-    fn client(&self) -> SglangClient {
-        SglangClient::new(&self.url, ClientConfig::default()).unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn client(s: &Server) -> SglangClient {
+    SglangClient::new(&s.url, ClientConfig::default()).unwrap()
 }
 
 async fn ready(s: &Server) -> SglangClient {
-    let c = s.client();
+    let c = client(s);
     c.wait_serving(Duration::from_secs(30)).await.unwrap();
     c
 }
@@ -90,7 +52,7 @@ fn prompt() -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generation_streamed_and_not_equals_the_in_process_engine() {
-    let s = Server::start(&[]);
+    let s = Server::with_args(&[]);
     let c = ready(&s).await;
     let g = c.generate(&request(prompt(), 12, 7, "a")).await.unwrap();
     assert_eq!(g.output_ids.len(), 12);
@@ -143,7 +105,7 @@ async fn generation_streamed_and_not_equals_the_in_process_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_mid_generation_returns_the_partial_output() {
-    let s = Server::start(&[]);
+    let s = Server::with_args(&[]);
     let c = ready(&s).await;
     // Streamed: abort after three chunks.
     let mut st = c
@@ -181,7 +143,7 @@ async fn abort_mid_generation_returns_the_partial_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_and_resume_memory_by_tag() {
-    let s = Server::start(&[]);
+    let s = Server::with_args(&[]);
     let c = ready(&s).await;
     let before = c.generate(&request(prompt(), 6, 3, "r1")).await.unwrap();
     c.release_memory(&["weights", "kv_cache"]).await.unwrap();
@@ -223,7 +185,7 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weight_updates_by_version_reach_the_next_generation() {
-    let s = Server::start(&[]);
+    let s = Server::with_args(&[]);
     let c = ready(&s).await;
     let model = ModelConfig::default();
     let v0 = c.generate(&request(prompt(), 8, 4, "w0")).await.unwrap();
@@ -278,8 +240,8 @@ async fn weight_updates_by_version_reach_the_next_generation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_while_starting_and_when_dead() {
-    let mut s = Server::start(&["--load-delay-ms", "1500"]);
-    let c = s.client();
+    let mut s = Server::with_args(&["--load-delay-ms", "1500"]);
+    let c = client(&s);
     match c.health().await.unwrap() {
         Health::NotServing { status, message } => {
             assert_eq!(status, 503);
@@ -312,7 +274,7 @@ async fn health_while_starting_and_when_dead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_400s_naming_the_problem() {
-    let s = Server::start(&[]);
+    let s = Server::with_args(&[]);
     let c = ready(&s).await;
     let http = reqwest::Client::new();
     let post = |path: &str, body: &str| {
@@ -445,7 +407,7 @@ async fn a_hugging_face_checkpoint_serves_end_to_end() {
     let params = ParamBuffer::init(&hf_cfg.model, 11).unwrap();
     hf::save(&dir.join("ckpt"), &hf_cfg, &params, 2).unwrap();
     let toml = write_config(&dir, "checkpoint = \"ckpt\"\nmax_running = 4\n");
-    let s = Server::start(&["--model", toml.to_str().unwrap()]);
+    let s = Server::with_args(&["--model", toml.to_str().unwrap()]);
     let c = ready(&s).await;
     let ids: Vec<u32> = (10..30).collect();
     let g = c.generate(&request(ids.clone(), 10, 2, "q")).await.unwrap();

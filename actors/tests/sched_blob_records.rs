@@ -212,7 +212,7 @@ fn run(delivery: Delivery) -> Outcome {
         };
         micro_steps += 1;
         let p = sim.actor(packer).unwrap().payload(mstep.id).unwrap();
-        let want = MicroStepRows::extract(p.rows, p.chunks).unwrap();
+        let want = MicroStepRows::extract(p.rows, p.chunks, p.stats_chunks).unwrap();
         match delivery {
             Delivery::Inline => assert!(mstep.rows.is_none()),
             Delivery::Handles { .. } => {

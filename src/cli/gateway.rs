@@ -18,7 +18,8 @@ use crate::gateway::store::Store;
 
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
-    /// `script=FILE.jsonl` (replays scripted completions) or `embedded[=CONFIG.toml]`.
+    /// `script=FILE.jsonl` (replays scripted completions), `embedded[=CONFIG.toml]`, or
+    /// `sglang=URL[,URL…]` (SGLang servers or `gyre serve` processes, least-loaded).
     #[arg(long)]
     pub engine: String,
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -95,8 +96,11 @@ pub fn run(args: GatewayArgs) -> Result<()> {
                 embedded::renderer()?,
             )
         }
+        "sglang" if !file.is_empty() => {
+            crate::gateway::sglang::connect(file, args.tokenizer.as_deref())?
+        }
         _ => bail!(
-            "--engine {:?}: expected script=FILE.jsonl or embedded[=CONFIG.toml]",
+            "--engine {:?}: expected script=FILE.jsonl, embedded[=CONFIG.toml] or sglang=URL[,URL…]",
             args.engine
         ),
     };

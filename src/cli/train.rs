@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::live::{LiveReport, run_live};
 use crate::embedded::run::{TrainReport, run as run_cluster};
-use anyhow::{Context, Result};
+use crate::embedded::serve::{ServeFleet, run_serve};
+use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -40,6 +41,20 @@ pub struct TrainArgs {
     /// applied) as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// `embedded`: engines in this process; `serve`: one `gyre serve`
+    /// process per cell and one for the pool, behind the SGLang adapter.
+    #[arg(long, value_enum, default_value_t = EngineKind::Embedded)]
+    pub engines: EngineKind,
+    /// SGLang servers (or `gyre serve` processes) to use as the engines,
+    /// one per cell in order, then the pool's: `URL,URL,…`.
+    #[arg(long, value_delimiter = ',')]
+    pub engine_urls: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineKind {
+    Embedded,
+    Serve,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -95,6 +110,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
             b.set_position(done);
         }
     };
+    let sglang = args.engines == EngineKind::Serve || !args.engine_urls.is_empty();
+    if sglang && args.host == HostKind::Live {
+        bail!("--engines serve / --engine-urls run on the simulator host only (for now)");
+    }
     if args.host == HostKind::Live {
         let report =
             run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
@@ -108,7 +127,22 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let (_cluster, report) = run_cluster(&cfg, &mut progress).context("embedded training run")?;
+    let report = if sglang {
+        let fleet = if args.engine_urls.is_empty() {
+            let exe = std::env::current_exe().context("locating the gyre binary")?;
+            Some(ServeFleet::spawn(&exe, &cfg).context("starting the gyre serve engines")?)
+        } else {
+            None
+        };
+        let urls = fleet.as_ref().map_or(&args.engine_urls, |f| &f.urls);
+        run_serve(&cfg, urls, &mut progress)
+            .context("training with SGLang engines")?
+            .1
+    } else {
+        run_cluster(&cfg, &mut progress)
+            .context("embedded training run")?
+            .1
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -171,13 +205,14 @@ fn print_report(cfg: &EmbeddedConfig, r: &TrainReport) {
     );
     let e = &r.elasticity;
     println!(
-        "elastic: {} role changes, {} reroutes, {} retried calls, KV pinned {} / adopted {} ({} prompt tokens not recomputed), largest training prefix {}",
+        "elastic: {} role changes, {} reroutes, {} retried calls, KV pinned {} / adopted {} ({} prompt tokens not recomputed) / recomputed without KV {}, largest training prefix {}",
         e.transitions,
         e.reroutes,
         e.retries,
         e.kv_pinned,
         e.kv_adopted,
         e.adopted_tokens,
+        e.kv_recomputed,
         e.max_members
     );
     println!(

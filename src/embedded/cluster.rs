@@ -52,6 +52,9 @@ pub struct VirtualCosts {
     pub update_us: u64,
     pub memory_us: u64,
     pub transfer_us: u64,
+    /// One whole model call on an SGLang engine (`gyre train --engines`):
+    /// the adapter sees a call's answer, not its decode steps.
+    pub sglang_call_us: u64,
 }
 
 impl Default for VirtualCosts {
@@ -67,6 +70,7 @@ impl Default for VirtualCosts {
             update_us: 10_000,
             memory_us: 3_000,
             transfer_us: 2_000,
+            sglang_call_us: 20_000,
         }
     }
 }
@@ -91,6 +95,12 @@ impl VirtualCosts {
             ("memory.release", self.memory_us),
             ("memory.restore", self.memory_us),
             ("transfer.read", self.transfer_us),
+            ("sglang.generate", self.sglang_call_us),
+            ("sglang.sync", self.engine_weights_us),
+            ("sglang.abort", self.engine_control_us),
+            ("sglang.release", self.engine_control_us),
+            ("sglang.resume", self.engine_weights_us),
+            ("sglang.update_weights", self.engine_weights_us),
         ] {
             m = m.with_kind(kind, us(v), 0.0);
         }
@@ -199,6 +209,8 @@ pub enum BuildError {
     Trainer(TrainerError),
     #[error("task: {0}")]
     Task(TaskConfigError),
+    #[error("engines: {0}")]
+    Engines(String),
 }
 
 macro_rules! build_error_from {
@@ -219,35 +231,37 @@ build_error_from!(
     Task(TaskConfigError)
 );
 
-/// The backends of a built cluster, for reading their state.
+/// The backends of a built cluster, for reading their state; `E` is the
+/// engine actor (the embedded engine, or an SGLang adapter).
 #[derive(Debug, Clone)]
-pub struct EmbeddedAddrs {
-    pub engines: Vec<Addr<EngineWorker>>,
-    pub pool: Option<Addr<EngineWorker>>,
+pub struct EmbeddedAddrs<E = EngineWorker> {
+    pub engines: Vec<Addr<E>>,
+    pub pool: Option<Addr<E>>,
     pub trainers: Vec<Addr<TrainerWorker>>,
     pub memories: Vec<Addr<MemoryWorker>>,
     pub transfer: Addr<TransferWorker>,
     pub harness: Addr<HarnessWorker>,
     pub evaluator: Addr<EvaluatorWorker>,
-    /// Each cell's engine and trainer (memory reports, weights).
+    /// Each cell's engine (none when the engines are SGLang servers) and
+    /// trainer (memory reports, weights).
     pub engine_handles: Vec<EngineHandle>,
     pub trainer_handles: Vec<TrainerHandle>,
 }
 
 /// A cluster's actors and what its backends share, on whatever host.
-pub struct Assembled {
+pub struct Assembled<E = EngineWorker> {
     pub sched: Addr<Scheduler>,
-    pub backends: EmbeddedAddrs,
+    pub backends: EmbeddedAddrs<E>,
     pub shared: Shared,
     pub workspaces: Arc<Workspaces>,
     pub blobs: Arc<MemBlobs>,
 }
 
 /// An embedded cluster in the simulator.
-pub struct EmbeddedCluster {
+pub struct EmbeddedCluster<E = EngineWorker> {
     pub sim: Sim,
     pub sched: Addr<Scheduler>,
-    pub backends: EmbeddedAddrs,
+    pub backends: EmbeddedAddrs<E>,
     pub shared: Shared,
     pub workspaces: Arc<Workspaces>,
     pub blobs: Arc<MemBlobs>,
@@ -255,6 +269,14 @@ pub struct EmbeddedCluster {
 
 /// Builds the simulator and spawns the embedded cluster of `cfg` into it.
 pub fn build(cfg: &EmbeddedConfig) -> Result<EmbeddedCluster, BuildError> {
+    build_with(cfg, assemble)
+}
+
+/// The simulator of `cfg`, with the cluster `assemble` spawns into it.
+pub fn build_with<E>(
+    cfg: &EmbeddedConfig,
+    assemble: impl FnOnce(&mut Sim, &EmbeddedConfig) -> Result<Assembled<E>, BuildError>,
+) -> Result<EmbeddedCluster<E>, BuildError> {
     let mut sc = SimConfig::new(cfg.seed);
     sc.default_link = LinkModel::constant(100 * MICROS);
     sc.local_link = LinkModel::constant(10 * MICROS);
@@ -279,6 +301,7 @@ pub struct EmbeddedBackends {
     params: ParamBuffer,
     shared: Shared,
     workspaces: Arc<Workspaces>,
+    blobs: Arc<MemBlobs>,
     task_seed: u64,
     engine_handles: Vec<EngineHandle>,
     trainer_handles: Vec<TrainerHandle>,
@@ -299,8 +322,37 @@ impl EmbeddedBackends {
         Ok(Arc::new(Mutex::new(e)))
     }
 
-    fn engine_seed(&self, ix: u64) -> u64 {
+    /// The base of every sampling seed of engine `ix` (a cell's index, or
+    /// `0xffff` for the pool).
+    pub(crate) fn engine_seed(&self, ix: u64) -> u64 {
         gyre_runtime::rng::mix64(self.cfg.seed ^ (0xe9 << 8) ^ ix)
+    }
+
+    /// What the backends share (for engines made outside this factory).
+    pub(crate) fn shared_backends(&self) -> Shared {
+        self.shared.clone()
+    }
+
+    /// Cell `c`'s trainer and device memory; `engine` is its embedded
+    /// engine, or `None` when the rollout side lives in a server.
+    pub(crate) fn training_side(
+        &mut self,
+        c: u32,
+        engine: Option<EngineHandle>,
+    ) -> Result<(TrainerWorker, MemoryWorker), BuildError> {
+        let optim = (c == 0).then_some(self.cfg.optim);
+        let th = trainer_handle(&self.shared, &self.params, optim)?;
+        // Every cell starts in rollout: its training memory is parked on
+        // the host until a switch restores it.
+        lock(&th).release_memory()?;
+        let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective)
+            .with_observer(self.observer);
+        let memory = match engine {
+            Some(eh) => MemoryWorker::new(eh, th.clone()),
+            None => MemoryWorker::training_only(th.clone()),
+        };
+        self.trainer_handles.push(th);
+        Ok((trainer, memory))
     }
 }
 
@@ -315,22 +367,14 @@ impl BackendFactory for EmbeddedBackends {
 
     fn cell(&mut self, c: u32, slots: u32) -> Result<CellBackends<Self>, BuildError> {
         let eh = self.engine(slots)?;
-        let optim = (c == 0).then_some(self.cfg.optim);
-        let th = trainer_handle(&self.shared, &self.params, optim)?;
-        // Every cell starts in rollout: its training memory is parked on
-        // the host until a switch restores it.
-        lock(&th).release_memory()?;
         let engine = EngineWorker::new(
             EngineIx::Cell(c),
             eh.clone(),
             self.shared.clone(),
             self.engine_seed(u64::from(c)),
         );
-        let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective)
-            .with_observer(self.observer);
-        let memory = MemoryWorker::new(eh.clone(), th.clone());
+        let (trainer, memory) = self.training_side(c, Some(eh.clone()))?;
         self.engine_handles.push(eh);
-        self.trainer_handles.push(th);
         Ok(CellBackends {
             engine,
             trainer,
@@ -395,31 +439,31 @@ pub fn assemble_observed<H: Host>(
     cfg: &EmbeddedConfig,
     observer: Option<Recipient<UpdateSummary>>,
 ) -> Result<Assembled, BuildError> {
-    if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
-        return Err(BuildError::Counted);
-    }
-    cfg.sched.validate()?;
-    cfg.model.validate()?;
-    let blobs = MemBlobs::shared();
-    let store: Arc<dyn BlobStore> = blobs.clone();
-    let shared = Shared::new(cfg.model.clone(), store);
-    let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
-    shared
-        .weights
-        .publish(params.version, Arc::from(params.encode()));
-    let workspaces = Arc::new(Workspaces::new());
-    let mut factory = EmbeddedBackends {
-        cfg: cfg.clone(),
-        params,
-        shared: shared.clone(),
-        workspaces: workspaces.clone(),
-        task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
-        engine_handles: Vec::new(),
-        trainer_handles: Vec::new(),
-        observer,
-    };
+    let mut factory = EmbeddedBackends::new(cfg, observer)?;
+    assemble_from(host, cfg, &mut factory, |f| f)
+}
+
+/// Spawns the cluster `factory` makes (the embedded backends, or a
+/// factory around them, which `inner` reaches) on `host`.
+pub(crate) fn assemble_from<H: Host, F>(
+    host: &mut H,
+    cfg: &EmbeddedConfig,
+    factory: &mut F,
+    inner: impl Fn(&mut F) -> &mut EmbeddedBackends,
+) -> Result<Assembled<F::Engine>, BuildError>
+where
+    F: BackendFactory<
+            Error = BuildError,
+            Trainer = TrainerWorker,
+            Memory = MemoryWorker,
+            Transfer = TransferWorker,
+            Harness = HarnessWorker,
+            Evaluator = EvaluatorWorker,
+        >,
+{
     let plan = ClusterPlan::for_config(&cfg.sched);
-    let (sched, b) = place(&plan, &cfg.sched, host, &mut factory)?;
+    let (sched, b) = place(&plan, &cfg.sched, host, factory)?;
+    let e = inner(factory);
     let backends = EmbeddedAddrs {
         engines: b.engines,
         pool: b.pool,
@@ -428,16 +472,50 @@ pub fn assemble_observed<H: Host>(
         transfer: b.transfer,
         harness: b.harness,
         evaluator: b.evaluator,
-        engine_handles: factory.engine_handles,
-        trainer_handles: factory.trainer_handles,
+        engine_handles: std::mem::take(&mut e.engine_handles),
+        trainer_handles: std::mem::take(&mut e.trainer_handles),
     };
     Ok(Assembled {
         sched,
         backends,
-        shared,
-        workspaces,
-        blobs,
+        shared: e.shared.clone(),
+        workspaces: e.workspaces.clone(),
+        blobs: e.blobs.clone(),
     })
+}
+
+impl EmbeddedBackends {
+    /// The backends of `cfg`: the model's initial weights published as
+    /// version 0, the task's workspaces, one in-process payload store.
+    pub(crate) fn new(
+        cfg: &EmbeddedConfig,
+        observer: Option<Recipient<UpdateSummary>>,
+    ) -> Result<Self, BuildError> {
+        if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
+            return Err(BuildError::Counted);
+        }
+        cfg.sched.validate()?;
+        cfg.model.validate()?;
+        let blobs = MemBlobs::shared();
+        let store: Arc<dyn BlobStore> = blobs.clone();
+        let shared = Shared::new(cfg.model.clone(), store);
+        let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
+        shared
+            .weights
+            .publish(params.version, Arc::from(params.encode()));
+        let workspaces = Arc::new(Workspaces::new());
+        Ok(EmbeddedBackends {
+            cfg: cfg.clone(),
+            params,
+            shared,
+            workspaces,
+            blobs,
+            task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+            engine_handles: Vec::new(),
+            trainer_handles: Vec::new(),
+            observer,
+        })
+    }
 }
 
 /// Keys and values of every layer, f32.

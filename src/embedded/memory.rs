@@ -66,7 +66,9 @@ impl From<MemoryReq> for Op {
 
 #[derive(Debug)]
 pub struct MemoryWorker {
-    engine: EngineHandle,
+    /// `None`: the rollout side lives in a server (an SGLang engine),
+    /// whose adapter releases and resumes it on `Unload` and `Load`.
+    engine: Option<EngineHandle>,
     trainer: TrainerHandle,
     jobs: Serial<Op>,
     stats: MemoryStats,
@@ -75,7 +77,18 @@ pub struct MemoryWorker {
 impl MemoryWorker {
     pub fn new(engine: EngineHandle, trainer: TrainerHandle) -> Self {
         Self {
-            engine,
+            engine: Some(engine),
+            trainer,
+            jobs: Serial::default(),
+            stats: MemoryStats::default(),
+        }
+    }
+
+    /// A cell whose rollout memory is its server's: releasing or restoring
+    /// the rollout role frees nothing here and succeeds.
+    pub fn training_only(trainer: TrainerHandle) -> Self {
+        Self {
+            engine: None,
             trainer,
             jobs: Serial::default(),
             stats: MemoryStats::default(),
@@ -101,16 +114,19 @@ impl MemoryWorker {
         let job = move || -> Result<u64, String> {
             const ROLLOUT: [MemTag; 2] = [MemTag::Weights, MemTag::KvCache];
             let text = |e: &dyn std::fmt::Display| e.to_string();
-            match (op.role, op.restore) {
-                (MemRole::Rollout, false) => {
+            match (op.role, op.restore, engine) {
+                (MemRole::Rollout, _, None) => Ok(0),
+                (MemRole::Rollout, false, Some(engine)) => {
                     lock(&engine).release_memory(&ROLLOUT).map_err(|e| text(&e))
                 }
-                (MemRole::Rollout, true) => lock(&engine)
+                (MemRole::Rollout, true, Some(engine)) => lock(&engine)
                     .resume_memory(&ROLLOUT)
                     .map(|()| 0)
                     .map_err(|e| text(&e)),
-                (MemRole::Training, false) => lock(&trainer).release_memory().map_err(|e| text(&e)),
-                (MemRole::Training, true) => lock(&trainer)
+                (MemRole::Training, false, _) => {
+                    lock(&trainer).release_memory().map_err(|e| text(&e))
+                }
+                (MemRole::Training, true, _) => lock(&trainer)
                     .restore_memory()
                     .map(|()| 0)
                     .map_err(|e| text(&e)),

@@ -25,6 +25,7 @@ pub mod engine;
 pub mod live;
 pub mod memory;
 pub mod run;
+pub mod serve;
 pub mod shared;
 pub mod task;
 pub mod trainer;

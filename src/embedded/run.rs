@@ -12,8 +12,21 @@ use gyre_simulations::run::staleness;
 use serde::Serialize;
 
 use super::cluster::{BuildError, EmbeddedCluster, EmbeddedConfig, build, secs};
+use super::engine::{EngineStats, EngineWorker};
 use super::task::TaskStats;
 use super::trainer::UpdateSummary;
+
+/// An engine actor the report reads: the embedded engine worker or an
+/// SGLang adapter.
+pub trait EngineBackend: Actor {
+    fn engine_stats(&self) -> EngineStats;
+}
+
+impl EngineBackend for EngineWorker {
+    fn engine_stats(&self) -> EngineStats {
+        self.stats()
+    }
+}
 
 /// Virtual time run between progress checks.
 const SLICE: Nanos = 100 * MILLIS;
@@ -55,6 +68,9 @@ pub struct Elasticity {
     pub kv_pinned: u64,
     pub kv_adopted: u64,
     pub adopted_tokens: u64,
+    /// Executions moved without their KV blocks (SGLang engines cannot
+    /// export them): their destination recomputed the prefix.
+    pub kv_recomputed: u64,
     /// Largest training prefix of one step.
     pub max_members: u32,
     pub rollout_bytes_released: u64,
@@ -151,11 +167,11 @@ pub fn rewards(task: &TaskStats) -> (Vec<VersionReward>, Option<f64>, Option<f64
 }
 
 /// A backend actor's state, if it is alive.
-pub fn worker_of<W: Actor>(c: &EmbeddedCluster, addr: Addr<W>) -> Option<&W> {
+pub fn worker_of<W: Actor, E>(c: &EmbeddedCluster<E>, addr: Addr<W>) -> Option<&W> {
     c.sim.actor(addr)
 }
 
-fn core(c: &EmbeddedCluster) -> Option<&Core> {
+fn core<E>(c: &EmbeddedCluster<E>) -> Option<&Core> {
     let peers = c.sim.actor(c.sched)?.peers()?;
     c.sim.actor(peers.core)
 }
@@ -167,7 +183,17 @@ pub fn run(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(EmbeddedCluster, TrainReport), RunError> {
     let started = Instant::now();
-    let mut c = build(cfg)?;
+    let c = build(cfg)?;
+    run_built(c, cfg, started, progress)
+}
+
+/// Runs a built cluster of `cfg` (whatever its engines) to the end.
+pub fn run_built<E: EngineBackend>(
+    mut c: EmbeddedCluster<E>,
+    cfg: &EmbeddedConfig,
+    started: Instant,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(EmbeddedCluster<E>, TrainReport), RunError> {
     let target = cfg.sched.target_steps;
     let mut shown = u64::MAX;
     let mut trained_at = None;
@@ -198,8 +224,8 @@ pub fn run(
     Ok((c, report))
 }
 
-fn report(
-    c: &EmbeddedCluster,
+fn report<E: EngineBackend>(
+    c: &EmbeddedCluster<E>,
     cfg: &EmbeddedConfig,
     trained_at: Nanos,
     wall_secs: f64,
@@ -224,7 +250,7 @@ fn report(
         .iter()
         .chain(b.pool.iter())
         .filter_map(|e| worker_of(c, *e))
-        .map(|w| w.stats())
+        .map(|w| w.engine_stats())
         .collect();
     let trainers: Vec<_> = b.trainers.iter().filter_map(|t| worker_of(c, *t)).collect();
     let memories: Vec<_> = b
@@ -260,6 +286,7 @@ fn report(
             kv_pinned: engines.iter().map(|e| e.kv_pinned).sum(),
             kv_adopted: engines.iter().map(|e| e.kv_adopted).sum(),
             adopted_tokens: engines.iter().map(|e| e.adopted_tokens).sum(),
+            kv_recomputed: engines.iter().map(|e| e.kv_recomputed).sum(),
             max_members: records.iter().map(|r| r.members).max().unwrap_or(0),
             rollout_bytes_released: memories.iter().map(|m| m.rollout_bytes_released).sum(),
             training_bytes_released: memories.iter().map(|m| m.training_bytes_released).sum(),

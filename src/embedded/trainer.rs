@@ -27,7 +27,8 @@ use gyre_actors::sched::ids::{MicroStepId, Step};
 use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use gyre_actors::trajectory::packing::MicroStepRows;
 use gyre_gpu::trainer::{
-    GradBuffer, Loss, MicroStep, ObjectiveConfig, RowChunk, TrainRow, Trainer, UpdateReport,
+    GradBuffer, Loss, MicroReport, MicroStep, ObjectiveConfig, RowChunk, TrainRow, Trainer,
+    UpdateReport,
 };
 use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient, get_decoded};
 use serde::{Deserialize, Serialize};
@@ -251,10 +252,10 @@ impl TrainerWorker {
             let payload = get_decoded::<MicroStepRows>(blobs.as_ref(), rows);
             blobs.release(rows);
             let payload = payload.map_err(|e| format!("micro-step rows: {e}"))?;
+            let elsewhere = stats_input(&payload);
             let (rows, step) = to_trainer_input(payload);
             let mut t = lock(&trainer);
-            let report = t
-                .accumulate(&rows, &step, &Loss::Policy(cfg), None)
+            let report = accumulate_exact(&mut t, &rows, &step, &elsewhere, cfg)
                 .map_err(|e| e.to_string())?;
             Ok(Finished::Computed {
                 version: t.version(),
@@ -426,6 +427,47 @@ fn op_name(r: &TrainerReq) -> &'static str {
     }
 }
 
+/// The chunks elsewhere of executions split over micro-steps, as a
+/// forward-only micro-step over the same rows.
+pub fn stats_input(p: &MicroStepRows) -> MicroStep {
+    micro_step(&p.stats_chunks)
+}
+
+/// The packer's chunks as the trainer's micro-step.
+pub fn micro_step(chunks: &[gyre_actors::trajectory::packing::RowChunk]) -> MicroStep {
+    MicroStep {
+        chunks: chunks
+            .iter()
+            .map(|c| RowChunk {
+                row: c.row,
+                start: c.start,
+                end: c.end,
+            })
+            .collect(),
+    }
+}
+
+/// One micro-step's forward and backward under SPEC 3.7 with the exact
+/// s_i: an execution split over micro-steps gets its other chunks' share
+/// of the sequence-ratio sums from a forward-only pass over `elsewhere`
+/// (weights are fixed during a step), so its clip mask is the unsplit one.
+pub fn accumulate_exact(
+    t: &mut Trainer,
+    rows: &[TrainRow],
+    step: &MicroStep,
+    elsewhere: &MicroStep,
+    cfg: ObjectiveConfig,
+) -> Result<MicroReport, gyre_gpu::trainer::TrainerError> {
+    let stats = if elsewhere.chunks.is_empty() {
+        None
+    } else {
+        let mut s = t.sequence_stats(rows, step)?;
+        s.merge(&t.sequence_stats(rows, elsewhere)?)?;
+        Some(s)
+    };
+    t.accumulate(rows, step, &Loss::Policy(cfg), stats.as_ref())
+}
+
 /// The packer's rows in the trainer's own (field-for-field) types.
 pub fn to_trainer_input(p: MicroStepRows) -> (Vec<TrainRow>, MicroStep) {
     let rows = p
@@ -440,16 +482,7 @@ pub fn to_trainer_input(p: MicroStepRows) -> (Vec<TrainRow>, MicroStep) {
             advantage: r.advantage,
         })
         .collect();
-    let chunks = p
-        .chunks
-        .into_iter()
-        .map(|c| RowChunk {
-            row: c.row,
-            start: c.start,
-            end: c.end,
-        })
-        .collect();
-    (rows, MicroStep { chunks })
+    (rows, micro_step(&p.chunks))
 }
 
 impl Actor for TrainerWorker {
@@ -524,7 +557,114 @@ mod tests {
                 start: 0,
                 end: n as u32,
             }],
+            stats_chunks: Vec::new(),
         }
+    }
+
+    /// Two rows of one execution, longer together than the budget: the
+    /// packer puts them in two micro-steps. Behaviour log-probs make the
+    /// first row alone look off-policy upwards (s > 1.005: clipped for a
+    /// positive advantage) and the second downwards, balanced so that over
+    /// the whole execution s_i = 1 (kept).
+    #[test]
+    fn a_split_execution_gets_the_clip_mask_and_loss_of_the_unsplit_one() {
+        use gyre_actors::trajectory::packing::{pack_by_execution, stats_chunks, whole_rows};
+        let cfg = ModelConfig::tiny();
+        let params = ParamBuffer::init(&cfg, 5).unwrap();
+        let mut a = rows().rows.remove(0);
+        let mut b = a.clone();
+        b.input_ids.extend(vocab::chat(&[(Role::User, "and b")]));
+        b.input_ids.push(u32::from(b'c'));
+        let nb = b.input_ids.len();
+        b.target = (0..nb)
+            .map(|u| u + 1 == nb || a.target.get(u) == Some(&true))
+            .collect();
+        b.coefficients = b
+            .target
+            .iter()
+            .map(|t| if *t { 0.25 } else { 0.0 })
+            .collect();
+        b.behaviour_logprobs = vec![0.0; nb];
+        a.coefficients = a
+            .target
+            .iter()
+            .map(|t| if *t { 0.25 } else { 0.0 })
+            .collect();
+        let group = vec![a, b];
+        let whole = MicroStepRows {
+            chunks: whole_rows(&group),
+            rows: group.clone(),
+            stats_chunks: Vec::new(),
+        };
+        // On-policy log-probs, then shifted: +d on row 0, −d·n0/n1 on row 1.
+        let mut t = Trainer::new(&cfg, &params).unwrap();
+        let (tr, ts) = to_trainer_input(whole.clone());
+        let on = t.token_logprobs(&tr, &ts).unwrap();
+        let n0 = group[0].targets();
+        let n1 = group[1].targets();
+        let d = 0.05f32;
+        let mut group = group;
+        let mut lp = on.into_iter();
+        for (r, row) in group.iter_mut().enumerate() {
+            let shift = if r == 0 {
+                d
+            } else {
+                -d * n0 as f32 / n1 as f32
+            };
+            for u in 0..row.len() {
+                if row.target[u] {
+                    row.behaviour_logprobs[u] = lp.next().unwrap() - shift;
+                }
+            }
+        }
+        let whole = MicroStepRows {
+            rows: group.clone(),
+            ..whole
+        };
+        let budget = group[1].len() as u32;
+        let steps = pack_by_execution(&group, budget).unwrap();
+        assert_eq!(steps.len(), 2, "the execution does not fit: split");
+        let elsewhere = stats_chunks(&group, &steps);
+        let ocfg = ObjectiveConfig::default();
+        let run = |payloads: Vec<MicroStepRows>, exact: bool| {
+            let mut t = Trainer::new(&cfg, &params).unwrap();
+            let (mut loss, mut clipped) = (0.0, 0);
+            for p in payloads {
+                let other = if exact {
+                    stats_input(&p)
+                } else {
+                    MicroStep { chunks: Vec::new() }
+                };
+                let (rows, step) = to_trainer_input(p);
+                let r = accumulate_exact(&mut t, &rows, &step, &other, ocfg).unwrap();
+                loss += r.loss;
+                clipped += r.clipped_executions;
+            }
+            (loss, clipped, t.export_grads().unwrap().data)
+        };
+        let (l_whole, c_whole, g_whole) = run(vec![whole], true);
+        let split: Vec<MicroStepRows> = steps
+            .iter()
+            .zip(&elsewhere)
+            .map(|(s, e)| MicroStepRows::extract(&group, &s.chunks, e).unwrap())
+            .collect();
+        assert!(split.iter().all(|p| !p.stats_chunks.is_empty()));
+        let (l_split, c_split, g_split) = run(split.clone(), true);
+        assert_eq!(
+            (c_whole, c_split),
+            (0, 0),
+            "kept, as over the whole execution"
+        );
+        assert!((l_whole - l_split).abs() < 1e-6, "{l_whole} vs {l_split}");
+        assert!(
+            g_whole
+                .iter()
+                .zip(&g_split)
+                .all(|(x, y)| (x - y).abs() < 1e-6)
+        );
+        // Per micro-step alone, the first row's s would clip it.
+        let (_, c_naive, _) = run(split, false);
+        assert_eq!(c_naive, 1);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod render;
 pub mod responses;
 pub mod script;
 pub mod service;
+pub mod sglang;
 pub mod store;
 pub mod template;
 pub mod tokenizer;

@@ -23,3 +23,70 @@ pub fn ok(args: &[&str]) -> Output {
     );
     out
 }
+
+/// A `gyre serve` child process on a free port, killed on drop.
+pub struct Serve {
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`
+    pub url: String,
+}
+
+impl Serve {
+    /// `gyre serve --model model_toml`, once its first line names the port.
+    pub fn start(model_toml: &std::path::Path) -> Serve {
+        let model = model_toml.to_string_lossy();
+        Serve::with_args(&["--model", &model])
+    }
+
+    /// `gyre serve ARGS`, once its first line names the port.
+    pub fn with_args(args: &[&str]) -> Serve {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("gyre serve starts");
+        let out = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .expect("first line");
+        let addr = line
+            .trim()
+            .strip_prefix("gyre serve listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Serve {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+
+    /// host:port
+    pub fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A model file for `gyre serve`: Gyre's byte model, tiny, seeded.
+pub fn tiny_serve_model(dir: &std::path::Path, context: usize) -> std::path::PathBuf {
+    let p = dir.join("serve-model.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "seed = 7\nmax_running = 8\ngyre_model = {{ vocab = 264, layers = 2, heads = 2, width = 32, ffn = 64, context = {context} }}\n"
+        ),
+    )
+    .expect("write the model file");
+    p
+}

@@ -41,7 +41,7 @@ use crate::sched::samples::{Counted, GroupCtx, Sample, SampleSource, plan_group}
 use crate::sched::scheduler::{SchedMsg, Scheduler};
 use crate::trajectory::TitoRecord;
 use crate::trajectory::objective::ObjectiveConfig;
-use crate::trajectory::packing::{MicroStepRows, RowChunk, TokenRow};
+use crate::trajectory::packing::{MicroStepRows, RowChunk, TokenRow, stats_chunks};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackerConfig {
@@ -81,6 +81,9 @@ pub struct Payload<'a> {
     /// Every row of the group; `chunks` index them.
     pub rows: &'a [TokenRow],
     pub chunks: &'a [RowChunk],
+    /// The chunks elsewhere of executions split over micro-steps
+    /// (`MicroStepRows::stats_chunks`).
+    pub stats_chunks: &'a [RowChunk],
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -122,7 +125,7 @@ pub struct Packer {
     /// Token rows of taken groups whose batch is not trained yet.
     rows: BTreeMap<GroupId, Vec<TokenRow>>,
     /// What each micro-step holds of its group's rows.
-    chunks: BTreeMap<MicroStepId, (GroupId, Vec<RowChunk>)>,
+    chunks: BTreeMap<MicroStepId, (GroupId, Vec<RowChunk>, Vec<RowChunk>)>,
     /// Where micro-step rows are put for the trainers.
     blobs: Option<Arc<dyn BlobStore>>,
     stats: PackerStats,
@@ -180,12 +183,13 @@ impl Packer {
     /// The token rows behind a micro-step while its batch is untrained;
     /// `None` for a count-only source, which has no tokens.
     pub fn payload(&self, id: MicroStepId) -> Option<Payload<'_>> {
-        let (group, chunks) = self.chunks.get(&id)?;
+        let (group, chunks, stats_chunks) = self.chunks.get(&id)?;
         let rows = self.rows.get(group)?;
         Some(Payload {
             group: *group,
             rows,
             chunks,
+            stats_chunks,
         })
     }
 
@@ -286,14 +290,22 @@ impl Packer {
         let step = self.step;
         let keep_rows = !plan.rows.is_empty();
         let mut msteps = Vec::with_capacity(plan.steps.len());
-        for packed in plan.steps {
+        let mut stats = if keep_rows {
+            stats_chunks(&plan.rows, &plan.steps)
+        } else {
+            Vec::new()
+        };
+        for (k, packed) in plan.steps.into_iter().enumerate() {
+            let elsewhere = stats.get_mut(k).map(std::mem::take).unwrap_or_default();
             let id = MicroStepId {
                 step,
                 seq: self.msteps.len() as u32,
             };
             self.msteps.push(id);
             let rows = match &self.blobs {
-                Some(store) if keep_rows => put_rows(store.as_ref(), &plan.rows, &packed.chunks),
+                Some(store) if keep_rows => {
+                    put_rows(store.as_ref(), &plan.rows, &packed.chunks, &elsewhere)
+                }
                 _ => BlobId::NONE,
             };
             msteps.push(MicroStep {
@@ -303,7 +315,7 @@ impl Packer {
                 rows,
             });
             if keep_rows {
-                self.chunks.insert(id, (group, packed.chunks));
+                self.chunks.insert(id, (group, packed.chunks, elsewhere));
             }
         }
         if keep_rows {
@@ -392,8 +404,13 @@ impl Packer {
 
 /// Stores one micro-step's rows; [`BlobId::NONE`] (logged) if they cannot
 /// be, which the trainer treats as a micro-step without a payload.
-fn put_rows(store: &dyn BlobStore, rows: &[TokenRow], chunks: &[RowChunk]) -> BlobId {
-    let Some(m) = MicroStepRows::extract(rows, chunks) else {
+fn put_rows(
+    store: &dyn BlobStore,
+    rows: &[TokenRow],
+    chunks: &[RowChunk],
+    stats_chunks: &[RowChunk],
+) -> BlobId {
+    let Some(m) = MicroStepRows::extract(rows, chunks, stats_chunks) else {
         tracing::error!("a micro-step chunk points past its group's rows");
         return BlobId::NONE;
     };

@@ -16,6 +16,16 @@
 //! chunk needs its predecessor's context, carried as KV state or recomputed).
 //! Full chunks get their own micro-step; the remaining pieces are placed
 //! first-fit in decreasing size order, which fills micro-steps densely.
+//!
+//! The sequence ratio s_i (SPEC 3.7, eq. 5) needs every target of an
+//! execution, so token rows are packed by execution ([`pack_by_execution`]):
+//! an execution whose rows fit one micro-step gets them all in one; only
+//! an execution larger than the budget is cut. For those, each micro-step
+//! also names the execution's chunks that landed elsewhere
+//! ([`MicroStepRows::stats_chunks`]): weights are fixed during a step, so
+//! the trainer computes their share of s_i with a forward-only pass and
+//! clips exactly as if the execution were unsplit. ([`pack_lengths`], the
+//! simulator's length-only packing, is unchanged.)
 
 use serde::{Deserialize, Serialize};
 
@@ -120,18 +130,32 @@ pub struct MicroStepRows {
     pub rows: Vec<TokenRow>,
     /// The micro-step's chunks, in order; `row` indexes [`Self::rows`].
     pub chunks: Vec<RowChunk>,
+    /// Chunks in other micro-steps of the executions this one shares with
+    /// them: forward-only, for their share of s_i (empty when every
+    /// execution here lies wholly in this micro-step).
+    pub stats_chunks: Vec<RowChunk>,
 }
 
 impl MicroStepRows {
-    /// Extracts the rows `chunks` touch from `rows` (the group's), renumbering
-    /// the chunks into the extract. `None` when a chunk points past `rows`.
-    pub fn extract(rows: &[TokenRow], chunks: &[RowChunk]) -> Option<Self> {
+    /// Extracts the rows `chunks` and `stats_chunks` touch from `rows` (the
+    /// group's), renumbering the chunks into the extract. `None` when a
+    /// chunk points past `rows`.
+    pub fn extract(
+        rows: &[TokenRow],
+        chunks: &[RowChunk],
+        stats_chunks: &[RowChunk],
+    ) -> Option<Self> {
         let mut index: Vec<(u32, u32)> = Vec::new();
         let mut out = MicroStepRows {
             rows: Vec::new(),
             chunks: Vec::with_capacity(chunks.len()),
+            stats_chunks: Vec::with_capacity(stats_chunks.len()),
         };
-        for ch in chunks {
+        for (stats, ch) in chunks
+            .iter()
+            .map(|c| (false, c))
+            .chain(stats_chunks.iter().map(|c| (true, c)))
+        {
             let at = match index.iter().find(|(from, _)| *from == ch.row) {
                 Some(&(_, to)) => to,
                 None => {
@@ -142,7 +166,12 @@ impl MicroStepRows {
                     to
                 }
             };
-            out.chunks.push(RowChunk { row: at, ..*ch });
+            let renumbered = RowChunk { row: at, ..*ch };
+            if stats {
+                out.stats_chunks.push(renumbered);
+            } else {
+                out.chunks.push(renumbered);
+            }
         }
         Some(out)
     }
@@ -218,6 +247,72 @@ pub fn pack_lengths(lengths: &[u64], budget: u32) -> Result<Vec<MicroStep>, Pack
         }
     }
     Ok(steps)
+}
+
+/// Packs token rows keeping each execution's rows in one micro-step
+/// whenever their total fits `budget`; larger executions are cut as
+/// [`pack_lengths`] cuts rows. Deterministic.
+pub fn pack_by_execution(rows: &[TokenRow], budget: u32) -> Result<Vec<MicroStep>, PackingError> {
+    let mut totals: Vec<(u32, u64, usize)> = Vec::new(); // (execution, tokens, first row)
+    for (r, row) in rows.iter().enumerate() {
+        match totals.iter_mut().find(|t| t.0 == row.execution) {
+            Some(t) => t.1 += row.len() as u64,
+            None => totals.push((row.execution, row.len() as u64, r)),
+        }
+    }
+    let fits = |e: u32| totals.iter().any(|t| t.0 == e && t.1 <= u64::from(budget));
+    // Executions too large for one micro-step: their rows, cut.
+    let lengths: Vec<u64> = rows
+        .iter()
+        .map(|r| if fits(r.execution) { 0 } else { r.len() as u64 })
+        .collect();
+    let mut steps = pack_lengths(&lengths, budget)?;
+    let mut whole: Vec<&(u32, u64, usize)> =
+        totals.iter().filter(|t| t.1 > 0 && fits(t.0)).collect();
+    whole.sort_by_key(|t| (std::cmp::Reverse(t.1), t.2));
+    for &(exec, total, _) in whole {
+        let total = total as u32; // fits the budget
+        let chunks = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.execution == exec && !r.is_empty())
+            .map(|(r, row)| RowChunk {
+                row: r as u32,
+                start: 0,
+                end: row.len() as u32,
+            });
+        let at = match steps.iter().position(|s| s.tokens + total <= budget) {
+            Some(i) => i,
+            None => {
+                steps.push(MicroStep::default());
+                steps.len() - 1
+            }
+        };
+        steps[at].chunks.extend(chunks);
+        steps[at].tokens += total;
+    }
+    Ok(steps)
+}
+
+/// For each micro-step, the chunks in other micro-steps of the executions
+/// it shares with them ([`MicroStepRows::stats_chunks`]).
+pub fn stats_chunks(rows: &[TokenRow], steps: &[MicroStep]) -> Vec<Vec<RowChunk>> {
+    let exec_of = |c: &RowChunk| rows.get(c.row as usize).map(|r| r.execution);
+    steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let mine: Vec<u32> = step.chunks.iter().filter_map(exec_of).collect();
+            steps
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .flat_map(|(_, other)| other.chunks.iter())
+                .filter(|c| exec_of(c).is_some_and(|e| mine.contains(&e)))
+                .copied()
+                .collect()
+        })
+        .collect()
 }
 
 /// Target tokens of some chunks, flattened for [`super::objective`].
@@ -317,7 +412,7 @@ mod tests {
         }
         let steps = pack(&rows, 10).unwrap();
         for s in &steps {
-            let m = MicroStepRows::extract(&rows, &s.chunks).unwrap();
+            let m = MicroStepRows::extract(&rows, &s.chunks, &[]).unwrap();
             assert_eq!(m.chunks.len(), s.chunks.len());
             // Each touched row appears once, and only touched rows appear.
             let mut touched: Vec<u32> = s.chunks.iter().map(|c| c.row).collect();
@@ -338,7 +433,56 @@ mod tests {
             start: 0,
             end: 1,
         }];
-        assert_eq!(MicroStepRows::extract(&rows, &bad), None);
+        assert_eq!(MicroStepRows::extract(&rows, &bad, &[]), None);
+        assert_eq!(MicroStepRows::extract(&rows, &[], &bad), None);
+    }
+
+    #[test]
+    fn executions_that_fit_stay_whole_and_split_ones_name_their_other_chunks() {
+        let execs = [0, 0, 1, 1, 2, 2, 3];
+        let mut rows = vec![row(4), row(5), row(6), row(3), row(14), row(2), row(1)];
+        for (r, e) in rows.iter_mut().zip(execs) {
+            r.execution = e;
+        }
+        let steps = pack_by_execution(&rows, 10).unwrap();
+        assert!(steps.iter().all(|s| s.tokens <= 10), "{steps:?}");
+        let total: u32 = steps.iter().map(|s| s.tokens).sum();
+        assert_eq!(total, 35);
+        let steps_of = |e: u32| -> Vec<usize> {
+            let mut v: Vec<usize> = (0..steps.len())
+                .filter(|&i| {
+                    steps[i]
+                        .chunks
+                        .iter()
+                        .any(|c| rows[c.row as usize].execution == e)
+                })
+                .collect();
+            v.dedup();
+            v
+        };
+        for e in [0, 1, 3] {
+            assert_eq!(steps_of(e).len(), 1, "execution {e} fits: one micro-step");
+        }
+        assert!(steps_of(2).len() > 1, "16 tokens cannot fit 10");
+        let stats = stats_chunks(&rows, &steps);
+        for (i, s) in steps.iter().enumerate() {
+            let here_2 = s.chunks.iter().any(|c| c.row == 4 || c.row == 5);
+            for c in &stats[i] {
+                assert_eq!(rows[c.row as usize].execution, 2, "only the split one");
+                assert!(!s.chunks.contains(c), "chunks elsewhere only");
+            }
+            if here_2 {
+                let n2: usize = steps
+                    .iter()
+                    .flat_map(|t| &t.chunks)
+                    .filter(|c| c.row == 4 || c.row == 5)
+                    .count();
+                let mine = s.chunks.iter().filter(|c| c.row == 4 || c.row == 5).count();
+                assert_eq!(stats[i].len(), n2 - mine, "every other chunk of it");
+            } else {
+                assert!(stats[i].is_empty());
+            }
+        }
     }
 
     #[test]

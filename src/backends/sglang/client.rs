@@ -291,6 +291,12 @@ impl SglangClient {
         self.json(endpoint, resp).await
     }
 
+    pub async fn get_model_info(&self) -> Result<Value, SglangError> {
+        let endpoint = "/get_model_info";
+        let resp = check_status(endpoint, self.get(endpoint).await?).await?;
+        self.json(endpoint, resp).await
+    }
+
     /// Running and waiting requests (`/get_load`; SGLang answers one entry
     /// per data-parallel rank, which are summed).
     pub async fn get_load(&self) -> Result<Load, SglangError> {

@@ -8,8 +8,11 @@
 //! - [`client`]: an async client over reqwest, streaming included, whose
 //!   failures are [`SglangError`]s that say what to do (retry elsewhere,
 //!   fix the request, wait for the server);
-//! - [`sse`]: the `data:` event framing of streamed generations.
+//! - [`sse`]: the `data:` event framing of streamed generations;
+//! - [`adapter`]: a server as an engine of the scheduling plane (the
+//!   engine protocol's actor).
 
+pub mod adapter;
 pub mod client;
 pub mod error;
 pub mod sse;

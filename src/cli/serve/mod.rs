@@ -101,3 +101,56 @@ fn load_into(state: &Arc<AppState>, cfg: &ServeConfig) -> Result<()> {
     });
     Ok(())
 }
+
+/// A `gyre serve` inside this process (tests and benches drive the SGLang
+/// adapter against it without a child process): loaded before
+/// [`InProcess::start`] returns, stopped (its listener closed, requests
+/// cut) when dropped — what a killed server looks like to its clients.
+pub struct InProcess {
+    pub url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl InProcess {
+    pub fn start(cfg: &ServeConfig) -> Result<InProcess> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .context("listening on 127.0.0.1:0")?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let state = AppState::new();
+        load_into(&state, cfg)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(async move {
+            let served = axum::serve(listener, routes::router(state))
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "in-process gyre serve");
+            }
+        });
+        Ok(InProcess {
+            url: format!("http://{addr}"),
+            stop: Some(stop),
+            rt: Some(rt),
+        })
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}

@@ -54,4 +54,10 @@ pub struct EngineStats {
     pub violations: u64,
     /// Engine, board and blob errors (each also logged).
     pub errors: u64,
+    /// Executions whose prefix was to be pinned for migration but could
+    /// not be (an SGLang engine has no KV export): their destination
+    /// recomputes it.
+    pub kv_recomputed: u64,
 }
+
+pub use record::{Served, done as call_done, request, tito, write as write_record};

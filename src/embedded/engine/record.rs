@@ -5,12 +5,17 @@
 //! attempt or the engine), so a call retried elsewhere after a role change
 //! draws exactly the same token stream it would have drawn where it began.
 
+use std::sync::Arc;
+
 use gyre_actors::sched::ids::{CallId, EngineIx, Version};
+use gyre_actors::sched::proto::engine::CallEvent;
 use gyre_actors::sched::proto::payload::Prompt;
 use gyre_actors::trajectory::TitoRecord;
 use gyre_gpu::engine::{Request, SamplingParams};
-use gyre_runtime::Nanos;
 use gyre_runtime::rng::mix64;
+use gyre_runtime::{Actor, BlobId, BlobStore, Cx, IoError, Nanos, PayloadWrite};
+
+use super::CallKey;
 
 /// The seed of every draw of `call`, under a run's `base` seed.
 pub fn call_seed(base: u64, call: CallId) -> u64 {
@@ -71,6 +76,44 @@ pub fn tito(
         output_ids,
         output_logprobs,
         output_sources: Vec::new(),
+    }
+}
+
+/// Writes `rec` as a payload; `written` turns the handle (or the failure)
+/// into the actor's message, which answers the call with [`done`].
+pub fn write<A: Actor>(
+    cx: &mut Cx<'_, A>,
+    blobs: Arc<dyn BlobStore>,
+    rec: &TitoRecord,
+    written: impl FnOnce(Result<BlobId, IoError>) -> A::Msg + Send + 'static,
+) {
+    match PayloadWrite::encoded(blobs, rec) {
+        Ok(write) => cx.io(write, written),
+        Err(e) => cx.send_self(written(Err(IoError::Failed(e.to_string())))),
+    }
+}
+
+/// A call's `Done` once its record is written; a record that could not be
+/// written still answers the call, without a payload, and counts in
+/// `errors`.
+pub fn done(
+    key: CallKey,
+    output_tokens: u64,
+    version: Version,
+    output: Result<BlobId, IoError>,
+    errors: &mut u64,
+) -> CallEvent {
+    let output = output.unwrap_or_else(|e| {
+        tracing::error!(call = ?key.call, error = %e, "record not written");
+        *errors += 1;
+        BlobId::NONE
+    });
+    CallEvent::Done {
+        call: key.call,
+        attempt: key.attempt,
+        output_tokens,
+        version,
+        output,
     }
 }
 

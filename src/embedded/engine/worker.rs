@@ -20,9 +20,7 @@ use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
 use gyre_actors::sched::proto::payload::Prompt;
 use gyre_gpu::engine::{Engine, PinId, ReqId};
-use gyre_runtime::{
-    Actor, ActorId, BlobId, Cx, IoError, Nanos, PayloadRead, PayloadWrite, Recipient,
-};
+use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Nanos, PayloadRead, Recipient};
 use serde::{Deserialize, Serialize};
 
 use super::EngineStats;
@@ -286,10 +284,7 @@ impl EngineWorker {
             version,
             output,
         };
-        match PayloadWrite::encoded(self.shared.blobs.clone(), &rec) {
-            Ok(write) => cx.io(write, recorded),
-            Err(e) => cx.send_self(recorded(Err(IoError::Failed(e.to_string())))),
-        }
+        record::write(cx, self.shared.blobs.clone(), &rec, recorded);
     }
 
     /// The record is written (or could not be): answer the proxy.
@@ -302,21 +297,8 @@ impl EngineWorker {
         output: Result<BlobId, IoError>,
         cx: &mut Cx<'_, Self>,
     ) {
-        let output = output.unwrap_or_else(|e| {
-            tracing::error!(call = ?key.call, error = %e, "record not written");
-            self.stats.errors += 1;
-            BlobId::NONE
-        });
-        cx.send(
-            reply_to,
-            CallEvent::Done {
-                call: key.call,
-                attempt: key.attempt,
-                output_tokens,
-                version,
-                output,
-            },
-        );
+        let done = record::done(key, output_tokens, version, output, &mut self.stats.errors);
+        cx.send(reply_to, done);
     }
 
     fn reject(&mut self, key: CallKey, live: Live, cx: &mut Cx<'_, Self>) {

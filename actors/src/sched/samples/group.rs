@@ -14,7 +14,7 @@ use crate::sched::ids::ExecId;
 use crate::trajectory::objective::{
     ExecutionWeight, ObjectiveConfig, coefficient, group_advantages,
 };
-use crate::trajectory::packing::{MicroStep, TokenRow, pack_lengths};
+use crate::trajectory::packing::{MicroStep, TokenRow, pack_by_execution, pack_lengths};
 
 /// Where a group sits in its batch, and how to pack it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -94,7 +94,14 @@ pub fn plan_group(source: &mut dyn SampleSource, samples: &[Sample], ctx: &Group
         }
         plan.weights.push(weight);
     }
-    match pack_lengths(&lengths, ctx.budget) {
+    // Token rows pack by execution (s_i exact, see `packing`); lengths
+    // alone, as the simulator keeps them, pack row by row.
+    let packed = if plan.rows.is_empty() {
+        pack_lengths(&lengths, ctx.budget)
+    } else {
+        pack_by_execution(&plan.rows, ctx.budget)
+    };
+    match packed {
         Ok(steps) => plan.steps = steps,
         Err(e) => {
             plan.errors.push(e.into());
