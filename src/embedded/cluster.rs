@@ -286,6 +286,43 @@ pub struct EmbeddedBackends {
 }
 
 impl EmbeddedBackends {
+    /// The factory over `shared` (its boards and payload store may be
+    /// in-process or a cluster's transfer plane); the initial weights are
+    /// drawn from the seed, so every process of a cluster draws the same.
+    pub fn new(
+        cfg: &EmbeddedConfig,
+        shared: Shared,
+        workspaces: Arc<Workspaces>,
+        observer: Option<Recipient<UpdateSummary>>,
+    ) -> Result<Self, BuildError> {
+        if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
+            return Err(BuildError::Counted);
+        }
+        cfg.sched.validate()?;
+        cfg.model.validate()?;
+        let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            params,
+            shared,
+            workspaces,
+            task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+            engine_handles: Vec::new(),
+            trainer_handles: Vec::new(),
+            observer,
+        })
+    }
+
+    /// The weights every engine and trainer starts from (version 0).
+    pub fn initial_params(&self) -> &ParamBuffer {
+        &self.params
+    }
+
+    /// Each cell's engine and trainer made so far, in cell order.
+    pub fn handles(&self) -> (&[EngineHandle], &[TrainerHandle]) {
+        (&self.engine_handles, &self.trainer_handles)
+    }
+
     fn engine(&self, slots: u32) -> Result<EngineHandle, BuildError> {
         let batch = if self.cfg.engine_batch == 0 {
             slots as usize
@@ -395,29 +432,15 @@ pub fn assemble_observed<H: Host>(
     cfg: &EmbeddedConfig,
     observer: Option<Recipient<UpdateSummary>>,
 ) -> Result<Assembled, BuildError> {
-    if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
-        return Err(BuildError::Counted);
-    }
-    cfg.sched.validate()?;
-    cfg.model.validate()?;
     let blobs = MemBlobs::shared();
     let store: Arc<dyn BlobStore> = blobs.clone();
     let shared = Shared::new(cfg.model.clone(), store);
-    let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
+    let workspaces = Arc::new(Workspaces::new());
+    let mut factory = EmbeddedBackends::new(cfg, shared.clone(), workspaces.clone(), observer)?;
+    let params = factory.initial_params();
     shared
         .weights
         .publish(params.version, Arc::from(params.encode()));
-    let workspaces = Arc::new(Workspaces::new());
-    let mut factory = EmbeddedBackends {
-        cfg: cfg.clone(),
-        params,
-        shared: shared.clone(),
-        workspaces: workspaces.clone(),
-        task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
-        engine_handles: Vec::new(),
-        trainer_handles: Vec::new(),
-        observer,
-    };
     let plan = ClusterPlan::for_config(&cfg.sched);
     let (sched, b) = place(&plan, &cfg.sched, host, &mut factory)?;
     let backends = EmbeddedAddrs {
