@@ -89,6 +89,8 @@ pub enum ClusterError {
     LaunchFailed { label: String, error: String },
     #[error("{label} failed: {what}")]
     NodeFailed { label: String, what: String },
+    #[error("{label} failed: its link to the head went down")]
+    LinkLost { node: NodeId, label: String },
     #[error("timed out after {secs} s waiting for node agents to {phase}")]
     Timeout { phase: &'static str, secs: u64 },
     #[error("no progress for {secs} s: {steps} of {target} steps published")]
@@ -205,10 +207,7 @@ impl Head {
                 what: format!("its process exited ({status})"),
             }),
             ClusterEvent::Exited { .. } => Ok(None),
-            ClusterEvent::LinkDown { label, .. } => Err(ClusterError::NodeFailed {
-                label,
-                what: "its link to the head went down".into(),
-            }),
+            ClusterEvent::LinkDown { node, label } => Err(ClusterError::LinkLost { node, label }),
             ClusterEvent::Node(NodeEvent::Failed { node, error }) => {
                 Err(ClusterError::NodeFailed {
                     label: self.label(node),
@@ -216,6 +215,32 @@ impl Head {
                 })
             }
             ClusterEvent::Node(e) => Ok(Some(e)),
+        }
+    }
+
+    /// A lost link is usually a process that ended: wait briefly for its
+    /// exit, so the report says how it ended.
+    async fn why_lost(&mut self, node: NodeId, label: String) -> ClusterError {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.events.recv()).await {
+                Ok(Some((
+                    _,
+                    ClusterEvent::Exited {
+                        node: n, status, ..
+                    },
+                ))) if n == node => {
+                    return ClusterError::NodeFailed {
+                        label,
+                        what: format!(
+                            "its process exited ({status}) and its link to the head went down"
+                        ),
+                    };
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return ClusterError::LinkLost { node, label },
+            }
         }
     }
 
@@ -291,6 +316,10 @@ async fn run_head(
         progress,
     )
     .await;
+    let result = match result {
+        Err(ClusterError::LinkLost { node, label }) => Err(head.why_lost(node, label).await),
+        other => other,
+    };
     let outcome = match result {
         Ok((updates, bytes_moved)) => {
             let task = workspaces.stats();
