@@ -108,7 +108,10 @@ impl From<ConfigError> for ClusterError {
 pub struct ProcessReport {
     pub node: u32,
     pub roles: Vec<String>,
+    /// The process the launcher started (`srun` under Slurm).
     pub pid: u32,
+    /// The node agent's own process.
+    pub agent_pid: u32,
 }
 
 /// What a cluster run did: the live host's report, plus the processes and
@@ -154,6 +157,7 @@ struct Head {
     launcher: Addr<Launcher>,
     specs: Vec<NodeSpec>,
     pids: BTreeMap<NodeId, u32>,
+    agents: BTreeMap<NodeId, u32>,
 }
 
 impl Head {
@@ -303,6 +307,7 @@ async fn run_head(
         launcher,
         specs: specs.clone(),
         pids: BTreeMap::new(),
+        agents: BTreeMap::new(),
     };
     let result = drive(
         &mut head,
@@ -330,6 +335,7 @@ async fn run_head(
                     node: s.node.0,
                     roles: s.roles.iter().map(Role::to_string).collect(),
                     pid: head.pids.get(&s.node).copied().unwrap_or(0),
+                    agent_pid: head.agents.get(&s.node).copied().unwrap_or(0),
                 })
                 .collect();
             Ok(ClusterReport {
@@ -375,12 +381,13 @@ async fn drive(
     while joined.len() < head.specs.len() {
         if let NodeEvent::Joined {
             node,
+            pid,
             transfer,
             commands,
-            ..
         } = head.next(deadline, "join").await?
         {
-            tracing::info!(node = node.0, %transfer, "node agent joined");
+            tracing::info!(node = node.0, pid, %transfer, "node agent joined");
+            head.agents.insert(node, pid);
             joined.insert(node, (transfer, commands));
         }
     }
