@@ -130,10 +130,17 @@ fn field(line: &str, key: &str) -> Option<String> {
     Some(line[at..].split_whitespace().next()?.to_string())
 }
 
-#[test]
-fn a_killed_node_agent_is_detected_and_reported_by_name() {
+/// A head training `steps` steps whose log lines arrive on the receiver,
+/// ANSI stripped.
+fn head_with_log(
+    steps: &str,
+) -> (
+    std::process::Child,
+    mpsc::Receiver<String>,
+    std::thread::JoinHandle<()>,
+) {
     let mut head = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(["train", "--tiny", "--steps", "40", "--cluster", "local"])
+        .args(["train", "--tiny", "--steps", steps, "--cluster", "local"])
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -143,12 +150,61 @@ fn a_killed_node_agent_is_detected_and_reported_by_name() {
     let (tx, rx) = mpsc::channel();
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let line = strip_ansi(&line);
-            if tx.send(line.clone()).is_err() {
+            if tx.send(strip_ansi(&line)).is_err() {
                 break;
             }
         }
     });
+    (head, rx, reader)
+}
+
+#[test]
+fn a_node_agent_without_the_cluster_secret_is_refused() {
+    let (mut head, rx, reader) = head_with_log("6");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let addr = loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the head starts");
+        if line.contains("head listening") {
+            break field(&line, "head_addr").unwrap();
+        }
+    };
+    let intruder = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args([
+            "node",
+            "--head",
+            &addr,
+            "--node",
+            "12",
+            "--join-timeout-s",
+            "2",
+        ])
+        .env("GYRE_CLUSTER_SECRET", "ab".repeat(32))
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&intruder.stderr);
+    assert!(!intruder.status.success(), "an intruder must not join");
+    assert!(err.contains("could not join the head"), "{err}");
+    let status = head.wait().unwrap();
+    reader.join().unwrap();
+    let log: Vec<String> = rx.try_iter().collect();
+    assert!(
+        status.success(),
+        "the run goes on without the intruder:\n{}",
+        log.join("\n")
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains("the dialer does not hold the cluster secret")),
+        "the head logged the refusal"
+    );
+}
+
+#[test]
+fn a_killed_node_agent_is_detected_and_reported_by_name() {
+    let (mut head, rx, reader) = head_with_log("40");
     let mut pids = std::collections::BTreeMap::new();
     let mut trained = false;
     let mut log = Vec::new();

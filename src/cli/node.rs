@@ -23,6 +23,9 @@ pub struct NodeArgs {
     /// routes to the head).
     #[arg(long)]
     pub bind: Option<IpAddr>,
+    /// Seconds to keep trying to reach the head.
+    #[arg(long, default_value_t = 20)]
+    pub join_timeout_s: u64,
 }
 
 pub fn run(args: NodeArgs) -> Result<()> {
@@ -40,6 +43,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         node: NodeId(args.node),
         bind: args.bind,
         secret,
+        join_timeout: std::time::Duration::from_secs(args.join_timeout_s),
     })
     .with_context(|| format!("node agent {}", args.node))
 }

@@ -26,9 +26,6 @@ use crate::embedded::cluster::{BuildError, EmbeddedBackends, EmbeddedConfig};
 use crate::embedded::task::Workspaces;
 use crate::embedded::trainer::UpdateSummary;
 
-/// How long a node agent tries to reach its head.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(20);
-
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     pub head: SocketAddr,
@@ -37,6 +34,9 @@ pub struct NodeOptions {
     /// routes to the head.
     pub bind: Option<IpAddr>,
     pub secret: Vec<u8>,
+    /// How long to try to reach the head (a refused handshake is retried
+    /// until then, as the head may still be starting).
+    pub join_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,11 +111,11 @@ pub fn run_node(opts: NodeOptions) -> Result<(), NodeError> {
         cfg.peers = vec![(HEAD, opts.head)];
         cfg.secret = Some(link);
         let live = LiveNode::start(cfg).await?;
-        if !live.connected(HEAD, JOIN_TIMEOUT).await {
+        if !live.connected(HEAD, opts.join_timeout).await {
             live.shutdown().await;
             return Err(NodeError::Unreachable {
                 head: opts.head,
-                secs: JOIN_TIMEOUT.as_secs(),
+                secs: opts.join_timeout.as_secs(),
             });
         }
         let (commands, mut rx) = live.probe::<NodeCmd>(64);

@@ -318,11 +318,6 @@ impl EmbeddedBackends {
         &self.params
     }
 
-    /// Each cell's engine and trainer made so far, in cell order.
-    pub fn handles(&self) -> (&[EngineHandle], &[TrainerHandle]) {
-        (&self.engine_handles, &self.trainer_handles)
-    }
-
     fn engine(&self, slots: u32) -> Result<EngineHandle, BuildError> {
         let batch = if self.cfg.engine_batch == 0 {
             slots as usize
