@@ -160,7 +160,7 @@ fn head_with_log(
 
 #[test]
 fn a_node_agent_without_the_cluster_secret_is_refused() {
-    let (mut head, rx, reader) = head_with_log("6");
+    let (mut head, rx, reader) = head_with_log("10");
     let deadline = Instant::now() + Duration::from_secs(120);
     let addr = loop {
         let line = rx
