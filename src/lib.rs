@@ -13,5 +13,6 @@ pub use gyre_simulations as simulations;
 
 pub mod backends;
 pub mod cli;
+pub mod cluster;
 pub mod embedded;
 pub mod gateway;

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod gateway;
 pub mod logging;
+pub mod node;
 pub mod serve;
 pub mod simulate;
 pub mod trace;
@@ -56,6 +57,9 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Serve the embedded engine over SGLang's native HTTP API.
     Serve(serve::ServeArgs),
+    /// A node agent of a multi-process cluster (`gyre train --cluster`
+    /// starts these itself).
+    Node(node::NodeArgs),
 }
 
 /// Runs one parsed command line.
@@ -76,5 +80,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Gateway(args) => gateway::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Node(args) => node::run(args),
     }
 }

@@ -6,6 +6,8 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+use crate::cluster::head::{ClusterOptions, run_cluster as run_cluster_processes};
+use crate::cluster::placement::Launch;
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::live::{LiveReport, run_live};
 use crate::embedded::run::{TrainReport, run as run_cluster};
@@ -49,6 +51,17 @@ pub struct TrainArgs {
     /// one per cell in order, then the pool's: `URL,URL,…`.
     #[arg(long, value_delimiter = ',')]
     pub engine_urls: Vec<String>,
+    /// Run across OS processes: `local[:N]` (node agents as child
+    /// processes) or `slurm[:N]` (one `srun` step each); N packs the
+    /// cells and the pool into N node agents (default one each).
+    #[arg(long, value_name = "local[:N]|slurm[:N]")]
+    pub cluster: Option<String>,
+    /// Where the head listens for node agents (with `--cluster`).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub cluster_listen: std::net::SocketAddr,
+    /// An extra `srun` argument (with `--cluster slurm`), repeatable.
+    #[arg(long)]
+    pub srun_arg: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -111,6 +124,39 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
     };
     let sglang = args.engines == EngineKind::Serve || !args.engine_urls.is_empty();
+    if sglang && args.cluster.is_some() {
+        bail!("--engines serve / --engine-urls do not combine with --cluster (yet)");
+    }
+    if let Some(spec) = &args.cluster {
+        let opts = cluster_options(spec, &args)?;
+        let report = run_cluster_processes(&cfg, &opts, &mut progress)
+            .context("multi-process training run")?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print_live(&report.run);
+            let m = &report.bytes_moved;
+            println!(
+                "cluster ({}): head pid {} and {} node agents {:?}; bytes moved across processes: weights {}, kv {}, gradients {}, rows {}",
+                report.placement,
+                report.head_pid,
+                report.processes.len(),
+                report
+                    .processes
+                    .iter()
+                    .map(|p| format!("{} [{}] pid {}", p.node, p.roles.join(", "), p.pid))
+                    .collect::<Vec<_>>(),
+                m.weights,
+                m.kv,
+                m.gradients,
+                m.rows
+            );
+        }
+        return Ok(());
+    }
     if sglang && args.host == HostKind::Live {
         bail!("--engines serve / --engine-urls run on the simulator host only (for now)");
     }
@@ -152,6 +198,34 @@ pub fn run(args: TrainArgs) -> Result<()> {
         print_report(&cfg, &report);
     }
     Ok(())
+}
+
+/// `local[:N]` / `slurm[:N]` as placement options.
+fn cluster_options(spec: &str, args: &TrainArgs) -> Result<ClusterOptions> {
+    let (kind, n) = match spec.split_once(':') {
+        Some((k, n)) => {
+            let n: usize = n
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("--cluster {spec}: N must be a positive integer"))?;
+            (k, Some(n))
+        }
+        None => (spec, None),
+    };
+    let exe = std::env::current_exe().context("locating the gyre binary for node agents")?;
+    let mut opts = ClusterOptions::local(exe);
+    opts.launch = match kind {
+        "local" => Launch::Local,
+        "slurm" => Launch::Slurm {
+            extra: args.srun_arg.clone(),
+        },
+        other => anyhow::bail!("--cluster {other}: expected local[:N] or slurm[:N]"),
+    };
+    opts.processes = n;
+    opts.listen = args.cluster_listen;
+    opts.stall = LIVE_STALL;
+    Ok(opts)
 }
 
 fn opt(x: Option<f64>) -> String {

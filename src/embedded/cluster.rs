@@ -211,6 +211,8 @@ pub enum BuildError {
     Task(TaskConfigError),
     #[error("engines: {0}")]
     Engines(String),
+    #[error("this cluster's payloads are not in one process")]
+    NotInProcess,
 }
 
 macro_rules! build_error_from {
@@ -301,7 +303,8 @@ pub struct EmbeddedBackends {
     params: ParamBuffer,
     shared: Shared,
     workspaces: Arc<Workspaces>,
-    blobs: Arc<MemBlobs>,
+    /// The in-process payload store, when the factory made it.
+    blobs: Option<Arc<MemBlobs>>,
     task_seed: u64,
     engine_handles: Vec<EngineHandle>,
     trainer_handles: Vec<TrainerHandle>,
@@ -309,6 +312,39 @@ pub struct EmbeddedBackends {
 }
 
 impl EmbeddedBackends {
+    /// The factory over `shared` (its boards and payload store may be
+    /// in-process or a cluster's transfer plane); the initial weights are
+    /// drawn from the seed, so every process of a cluster draws the same.
+    pub fn new(
+        cfg: &EmbeddedConfig,
+        shared: Shared,
+        workspaces: Arc<Workspaces>,
+        observer: Option<Recipient<UpdateSummary>>,
+    ) -> Result<Self, BuildError> {
+        if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
+            return Err(BuildError::Counted);
+        }
+        cfg.sched.validate()?;
+        cfg.model.validate()?;
+        let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            params,
+            shared,
+            workspaces,
+            blobs: None,
+            task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+            engine_handles: Vec::new(),
+            trainer_handles: Vec::new(),
+            observer,
+        })
+    }
+
+    /// The weights every engine and trainer starts from (version 0).
+    pub fn initial_params(&self) -> &ParamBuffer {
+        &self.params
+    }
+
     fn engine(&self, slots: u32) -> Result<EngineHandle, BuildError> {
         let batch = if self.cfg.engine_batch == 0 {
             slots as usize
@@ -439,7 +475,7 @@ pub fn assemble_observed<H: Host>(
     cfg: &EmbeddedConfig,
     observer: Option<Recipient<UpdateSummary>>,
 ) -> Result<Assembled, BuildError> {
-    let mut factory = EmbeddedBackends::new(cfg, observer)?;
+    let mut factory = EmbeddedBackends::in_process(cfg, observer)?;
     assemble_from(host, cfg, &mut factory, |f| f)
 }
 
@@ -480,41 +516,29 @@ where
         backends,
         shared: e.shared.clone(),
         workspaces: e.workspaces.clone(),
-        blobs: e.blobs.clone(),
+        blobs: e.blobs.clone().ok_or(BuildError::NotInProcess)?,
     })
 }
 
 impl EmbeddedBackends {
-    /// The backends of `cfg`: the model's initial weights published as
-    /// version 0, the task's workspaces, one in-process payload store.
-    pub(crate) fn new(
+    /// The backends of `cfg` in one process: the model's initial weights
+    /// published as version 0, the task's workspaces, one in-process
+    /// payload store.
+    pub(crate) fn in_process(
         cfg: &EmbeddedConfig,
         observer: Option<Recipient<UpdateSummary>>,
     ) -> Result<Self, BuildError> {
-        if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
-            return Err(BuildError::Counted);
-        }
-        cfg.sched.validate()?;
-        cfg.model.validate()?;
         let blobs = MemBlobs::shared();
         let store: Arc<dyn BlobStore> = blobs.clone();
         let shared = Shared::new(cfg.model.clone(), store);
-        let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
-        shared
+        let mut factory = Self::new(cfg, shared, Arc::new(Workspaces::new()), observer)?;
+        let params = factory.initial_params();
+        factory
+            .shared
             .weights
             .publish(params.version, Arc::from(params.encode()));
-        let workspaces = Arc::new(Workspaces::new());
-        Ok(EmbeddedBackends {
-            cfg: cfg.clone(),
-            params,
-            shared,
-            workspaces,
-            blobs,
-            task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
-            engine_handles: Vec::new(),
-            trainer_handles: Vec::new(),
-            observer,
-        })
+        factory.blobs = Some(blobs);
+        Ok(factory)
     }
 }
 

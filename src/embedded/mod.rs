@@ -34,7 +34,10 @@ pub mod work;
 
 pub use engine::EngineWorker;
 pub use memory::MemoryWorker;
-pub use shared::{EngineHandle, GradBoard, KvBoard, Shared, TrainerHandle, WeightBoard};
+pub use shared::{
+    EngineHandle, GradBoard, GradStore, KvBoard, KvStore, Shared, TrainerHandle, WeightBoard,
+    WeightStore,
+};
 pub use trainer::TrainerWorker;
 pub use transfer::TransferWorker;
 pub use work::Work;

@@ -144,7 +144,7 @@ pub fn assemble_serve<H: Host>(
         )));
     }
     let mut factory = ServeBackends {
-        inner: EmbeddedBackends::new(cfg, None)?,
+        inner: EmbeddedBackends::in_process(cfg, None)?,
         urls: urls.to_vec(),
         adapter,
         client: ClientConfig::default(),

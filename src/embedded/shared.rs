@@ -2,8 +2,9 @@
 //! each cell and the in-process stand-ins for the transfer engine and the
 //! collectives.
 //!
-//! On a cluster these are RDMA-registered segments and NCCL groups; in one
-//! process they are shared memory, reached only from I/O work (never from a
+//! Each board is a trait: across processes (`gyre train --cluster`) the
+//! implementations are the transfer engine's registered segments
+//! (`crate::cluster::plane`); in one process they are shared memory, reached only from I/O work (never from a
 //! handler), so the actors stay the same state machines they are under the
 //! simulator. Every board is keyed by something the protocols carry
 //! (version, step and cell, execution), which is what keeps a run
@@ -34,6 +35,38 @@ pub type EngineHandle = Arc<Mutex<Engine>>;
 /// manager.
 pub type TrainerHandle = Arc<Mutex<Trainer>>;
 
+/// Where published parameter buffers live: the core writes after each
+/// update, joining satellites and rollout engines read. In one process a
+/// [`WeightBoard`]; across processes the core's registered segments
+/// (`crate::cluster::plane`).
+pub trait WeightStore: Send + Sync + fmt::Debug {
+    fn publish(&self, version: Version, bytes: Arc<[u8]>);
+    fn get(&self, version: Version) -> Option<Arc<[u8]>>;
+    /// The newest version published.
+    fn latest(&self) -> Option<(Version, Arc<[u8]>)>;
+}
+
+/// Where each training cell's drained gradients wait for the core's reduce.
+pub trait GradStore: Send + Sync + fmt::Debug {
+    fn deposit(&self, step: Step, cell: u32, grads: GradBuffer);
+    /// Takes the gradients of `step` from cells `0..members`, in cell
+    /// order, and forgets anything older. A member that deposited nothing
+    /// is reported by index.
+    fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>);
+}
+
+/// Where an execution's exported KV blocks wait for the engine adopting it.
+pub trait KvStore: Send + Sync + fmt::Debug {
+    fn put(&self, exec: ExecId, bytes: Arc<[u8]>);
+    fn get(&self, exec: ExecId) -> Option<Arc<[u8]>>;
+    fn remove(&self, exec: ExecId) -> Option<Arc<[u8]>>;
+    /// Exports held by this store's own memory.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Published parameter buffers by version: the core writes after each
 /// update, joining satellites and rollout engines read. A few recent
 /// versions are kept so a reader that is one publication behind still
@@ -54,8 +87,10 @@ impl fmt::Debug for WeightBoard {
 
 impl WeightBoard {
     const KEEP: usize = 4;
+}
 
-    pub fn publish(&self, version: Version, bytes: Arc<[u8]>) {
+impl WeightStore for WeightBoard {
+    fn publish(&self, version: Version, bytes: Arc<[u8]>) {
         let mut v = lock(&self.versions);
         v.insert(version, bytes);
         while v.len() > Self::KEEP {
@@ -63,12 +98,11 @@ impl WeightBoard {
         }
     }
 
-    pub fn get(&self, version: Version) -> Option<Arc<[u8]>> {
+    fn get(&self, version: Version) -> Option<Arc<[u8]>> {
         lock(&self.versions).get(&version).cloned()
     }
 
-    /// The newest version published.
-    pub fn latest(&self) -> Option<(Version, Arc<[u8]>)> {
+    fn latest(&self) -> Option<(Version, Arc<[u8]>)> {
         lock(&self.versions)
             .last_key_value()
             .map(|(v, b)| (*v, b.clone()))
@@ -82,15 +116,12 @@ pub struct GradBoard {
     deposits: Mutex<BTreeMap<(Step, u32), GradBuffer>>,
 }
 
-impl GradBoard {
-    pub fn deposit(&self, step: Step, cell: u32, grads: GradBuffer) {
+impl GradStore for GradBoard {
+    fn deposit(&self, step: Step, cell: u32, grads: GradBuffer) {
         lock(&self.deposits).insert((step, cell), grads);
     }
 
-    /// Takes the gradients of `step` from cells `0..members`, in cell
-    /// order, and forgets anything older. A member that deposited nothing
-    /// is reported by index.
-    pub fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>) {
+    fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>) {
         let mut d = lock(&self.deposits);
         let mut found = Vec::new();
         let mut missing = Vec::new();
@@ -113,25 +144,21 @@ pub struct KvBoard {
     blocks: Mutex<BTreeMap<ExecId, Arc<[u8]>>>,
 }
 
-impl KvBoard {
-    pub fn put(&self, exec: ExecId, bytes: Arc<[u8]>) {
+impl KvStore for KvBoard {
+    fn put(&self, exec: ExecId, bytes: Arc<[u8]>) {
         lock(&self.blocks).insert(exec, bytes);
     }
 
-    pub fn get(&self, exec: ExecId) -> Option<Arc<[u8]>> {
+    fn get(&self, exec: ExecId) -> Option<Arc<[u8]>> {
         lock(&self.blocks).get(&exec).cloned()
     }
 
-    pub fn remove(&self, exec: ExecId) -> Option<Arc<[u8]>> {
+    fn remove(&self, exec: ExecId) -> Option<Arc<[u8]>> {
         lock(&self.blocks).remove(&exec)
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         lock(&self.blocks).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -140,22 +167,23 @@ impl KvBoard {
 pub struct Shared {
     pub model: ModelConfig,
     pub blobs: Arc<dyn BlobStore>,
-    pub weights: Arc<WeightBoard>,
-    pub grads: Arc<GradBoard>,
-    pub kv: Arc<KvBoard>,
+    pub weights: Arc<dyn WeightStore>,
+    pub grads: Arc<dyn GradStore>,
+    pub kv: Arc<dyn KvStore>,
     /// Every optimizer update the core made, in order: what a live run
     /// reports (its actors' state is not visible from outside).
     pub updates: Arc<Mutex<Vec<UpdateSummary>>>,
 }
 
 impl Shared {
+    /// In-process boards for everything.
     pub fn new(model: ModelConfig, blobs: Arc<dyn BlobStore>) -> Self {
         Self {
             model,
             blobs,
-            weights: Arc::default(),
-            grads: Arc::default(),
-            kv: Arc::default(),
+            weights: Arc::new(WeightBoard::default()),
+            grads: Arc::new(GradBoard::default()),
+            kv: Arc::new(KvBoard::default()),
             updates: Arc::default(),
         }
     }

@@ -19,7 +19,7 @@ use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, Trans
 use gyre_runtime::{Actor, ActorId, Cx, IoError, MILLIS, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::shared::{Shared, WeightBoard};
+use crate::embedded::shared::{Shared, WeightStore};
 use crate::embedded::work::{Serial, Work};
 
 /// How often a publication re-checks the board, and for how long.
@@ -80,7 +80,7 @@ pub struct TransferWorker {
 
 /// `version`'s bytes on the board, or the newest ones when that version
 /// was already dropped.
-fn weights(board: &WeightBoard, version: Version) -> Option<Arc<[u8]>> {
+fn weights(board: &dyn WeightStore, version: Version) -> Option<Arc<[u8]>> {
     board.get(version).or_else(|| {
         board
             .latest()
@@ -119,7 +119,7 @@ impl TransferWorker {
                 } else {
                     "transfer.publish"
                 };
-                let job = move || match weights(&s.weights, version) {
+                let job = move || match weights(&*s.weights, version) {
                     Some(b) => Ok(b.len() as u64),
                     None => missing(format!("weights v{version}")),
                 };
@@ -130,7 +130,7 @@ impl TransferWorker {
                     let (src, what) = match tag {
                         ReadTag::Kv { exec, .. } => (s.kv.get(exec), format!("KV of {exec:?}")),
                         ReadTag::Snapshot { version, .. } => {
-                            (weights(&s.weights, version), format!("weights v{version}"))
+                            (weights(&*s.weights, version), format!("weights v{version}"))
                         }
                     };
                     match src {

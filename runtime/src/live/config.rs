@@ -12,6 +12,8 @@ use crate::codec::MAX_PAYLOAD;
 use crate::error::RuntimeError;
 use crate::id::NodeId;
 
+use super::auth::LinkSecret;
+
 #[derive(Debug, Clone)]
 pub struct LiveConfig {
     /// This process's node id; every actor it spawns carries it.
@@ -39,6 +41,9 @@ pub struct LiveConfig {
     /// First pause before redialling a lost peer; doubles up to the maximum.
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
+    /// The cluster secret: when set, every connection (either direction)
+    /// must prove both ends hold it before any frame is accepted.
+    pub secret: Option<LinkSecret>,
 }
 
 impl LiveConfig {
@@ -57,6 +62,7 @@ impl LiveConfig {
             peer_timeout: Duration::from_secs(3),
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(2),
+            secret: None,
         }
     }
 

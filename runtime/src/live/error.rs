@@ -38,6 +38,8 @@ pub(crate) enum ConnError {
     SelfConnect(NodeId),
     #[error("frame from {src} claims a node other than the peer's ({peer})")]
     Spoofed { src: ActorId, peer: NodeId },
+    #[error("authentication failed: {0}")]
+    Auth(&'static str),
     #[error("no hello within {0:?}")]
     HandshakeTimeout(Duration),
     #[error("connection closed before the handshake completed")]
@@ -68,6 +70,7 @@ impl ConnError {
             | ConnError::WrongNode { .. }
             | ConnError::SelfConnect(_)
             | ConnError::Spoofed { .. }
+            | ConnError::Auth(_)
             | ConnError::HandshakeTimeout(_) => true,
         }
     }
@@ -81,6 +84,7 @@ impl ConnError {
             | ConnError::Magic { .. }
             | ConnError::WrongNode { .. }
             | ConnError::SelfConnect(_)
+            | ConnError::Auth(_)
             | ConnError::HandshakeTimeout(_)
             | ConnError::ClosedInHandshake => bump(&c.handshake_errors),
             ConnError::Unexpected { expected, .. } if expected.starts_with("Hello") => {

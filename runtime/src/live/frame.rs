@@ -62,6 +62,17 @@ pub enum WireFrame {
         key: u64,
         frame: Frame,
     },
+    /// An acceptor holding the cluster secret answers a hello with this
+    /// fresh nonce (see `auth`).
+    AuthChallenge {
+        nonce: [u8; 32],
+    },
+    /// A side's proof that it holds the secret: its own nonce (the dialer's;
+    /// the acceptor repeats its challenge) and the HMAC tag.
+    AuthProof {
+        nonce: [u8; 32],
+        tag: [u8; 32],
+    },
 }
 
 impl WireFrame {
@@ -82,6 +93,8 @@ impl WireFrame {
             WireFrame::Heartbeat => "Heartbeat",
             WireFrame::Goodbye => "Goodbye",
             WireFrame::Tell { .. } => "Tell",
+            WireFrame::AuthChallenge { .. } => "AuthChallenge",
+            WireFrame::AuthProof { .. } => "AuthProof",
         }
     }
 }

@@ -5,7 +5,9 @@
 //! the node id, and answers `HelloAck`. On a version mismatch the acceptor
 //! still answers with its own version before closing, so both ends log the
 //! two versions. Nothing but a hello is accepted first, and a peer that says
-//! nothing within the timeout is dropped.
+//! nothing within the timeout is dropped. With a cluster secret, the
+//! acceptor challenges the hello and both sides prove the secret (see
+//! `auth`) before the `HelloAck`; either side without it is refused.
 
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ use futures::{SinkExt, StreamExt};
 use crate::PROTOCOL_VERSION;
 use crate::id::NodeId;
 
+use super::auth::{LinkSecret, NONCE, Side, nonce};
 use super::error::ConnError;
 use super::frame::{MAGIC, WireFrame};
 use super::peer::{Reader, Writer};
@@ -69,9 +72,45 @@ pub(crate) async fn dial(
     me: NodeId,
     expect: NodeId,
     timeout: Duration,
+    secret: Option<&LinkSecret>,
 ) -> Result<(), ConnError> {
     send(writer, &hello(me)).await?;
-    match first_frame(reader, timeout).await? {
+    let mut answer = first_frame(reader, timeout).await?;
+    match (secret, &answer) {
+        (Some(secret), WireFrame::AuthChallenge { nonce: theirs }) => {
+            let ours = nonce();
+            let theirs = *theirs;
+            let tag = secret.prove(Side::Dialer, (&theirs, &ours), me, expect);
+            send(writer, &WireFrame::AuthProof { nonce: ours, tag }).await?;
+            match first_frame(reader, timeout).await? {
+                WireFrame::AuthProof { tag, .. }
+                    if secret.verify(Side::Acceptor, (&theirs, &ours), me, expect, &tag) => {}
+                WireFrame::AuthProof { .. } => {
+                    return Err(ConnError::Auth(
+                        "the acceptor does not hold the cluster secret",
+                    ));
+                }
+                _ => {
+                    return Err(ConnError::Auth(
+                        "the acceptor refused our proof of the cluster secret",
+                    ));
+                }
+            }
+            answer = first_frame(reader, timeout).await?;
+        }
+        (None, WireFrame::AuthChallenge { .. }) => {
+            return Err(ConnError::Auth(
+                "the acceptor requires a cluster secret this node does not have",
+            ));
+        }
+        (Some(_), WireFrame::HelloAck { .. }) => {
+            return Err(ConnError::Auth(
+                "the acceptor did not prove the cluster secret",
+            ));
+        }
+        _ => {}
+    }
+    match answer {
         WireFrame::HelloAck {
             magic,
             protocol_version,
@@ -99,6 +138,7 @@ pub(crate) async fn accept(
     writer: &mut Writer,
     me: NodeId,
     timeout: Duration,
+    secret: Option<&LinkSecret>,
 ) -> Result<NodeId, ConnError> {
     let (magic, protocol_version, node) = match first_frame(reader, timeout).await? {
         WireFrame::Hello {
@@ -123,6 +163,35 @@ pub(crate) async fn accept(
     if node == me {
         return Err(ConnError::SelfConnect(node));
     }
+    if let Some(secret) = secret {
+        challenge(reader, writer, me, node, timeout, secret).await?;
+    }
     send(writer, &hello_ack(me)).await?;
     Ok(node)
+}
+
+/// The acceptor's half of the proof: `dialer` must answer our nonce with
+/// its tag before we prove ourselves.
+async fn challenge(
+    reader: &mut Reader,
+    writer: &mut Writer,
+    me: NodeId,
+    dialer: NodeId,
+    timeout: Duration,
+    secret: &LinkSecret,
+) -> Result<(), ConnError> {
+    let ours: [u8; NONCE] = nonce();
+    send(writer, &WireFrame::AuthChallenge { nonce: ours }).await?;
+    let (theirs, tag) = match first_frame(reader, timeout).await? {
+        WireFrame::AuthProof { nonce, tag } => (nonce, tag),
+        _ => return Err(ConnError::Auth("the dialer did not answer the challenge")),
+    };
+    if !secret.verify(Side::Dialer, (&ours, &theirs), dialer, me, &tag) {
+        // Say nothing more: a node without the secret learns nothing.
+        return Err(ConnError::Auth(
+            "the dialer does not hold the cluster secret",
+        ));
+    }
+    let tag = secret.prove(Side::Acceptor, (&ours, &theirs), dialer, me);
+    send(writer, &WireFrame::AuthProof { nonce: ours, tag }).await
 }

@@ -25,8 +25,11 @@
 //! peer, end of stream or a reset a killed one; either way every actor that
 //! called `watch_node` hears `on_peer_down` once per loss. Bad input from a
 //! peer (a truncated, oversized or undecodable frame, a wrong version) is
-//! logged with both sides named and closes that connection only.
+//! logged with both sides named and closes that connection only. With a
+//! cluster secret configured (`LiveConfig::secret`), both ends of every
+//! connection prove they hold it in the handshake (see `auth`).
 
+mod auth;
 mod config;
 mod driver;
 mod effects;
@@ -58,6 +61,7 @@ use crate::error::RuntimeError;
 use crate::hosted::{IdAlloc, decoder_of, hosted};
 use crate::id::{ActorId, Addr, NodeId};
 
+pub use auth::LinkSecret;
 pub use config::LiveConfig;
 pub use frame::{Frame, FrameError, LENGTH_PREFIX, MAGIC, WireCodec, WireFrame};
 pub use stats::LiveStats;

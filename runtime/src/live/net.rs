@@ -52,7 +52,7 @@ async fn serve_accepted(inner: Arc<NodeInner>, stream: TcpStream, addr: SocketAd
         () = inner.shutdown.cancelled() => return,
         r = tokio::time::timeout(
             timeout,
-            handshake::accept(&mut reader, &mut writer, inner.node(), timeout),
+            handshake::accept(&mut reader, &mut writer, inner.node(), timeout, inner.cfg.secret.as_ref()),
         ) => r.unwrap_or(Err(ConnError::HandshakeTimeout(timeout))),
     };
     match shaken {
@@ -121,7 +121,14 @@ async fn dial_once(
     let (mut reader, mut writer) = framed(stream, inner.cfg.max_frame);
     tokio::time::timeout(
         timeout,
-        handshake::dial(&mut reader, &mut writer, inner.node(), peer, timeout),
+        handshake::dial(
+            &mut reader,
+            &mut writer,
+            inner.node(),
+            peer,
+            timeout,
+            inner.cfg.secret.as_ref(),
+        ),
     )
     .await
     .unwrap_or(Err(ConnError::HandshakeTimeout(timeout)))

@@ -13,7 +13,7 @@ use gyre_gpu::engine::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::shared::{KvBoard, WeightBoard};
+use crate::embedded::shared::{KvStore, WeightStore};
 
 /// One attempt of one call: a retried call is a new attempt, answered on
 /// its own.
@@ -142,7 +142,7 @@ fn submit_adopted(engine: &mut Engine, bytes: &[u8], req: Request) -> Result<(Re
     Ok((id, usable as u64))
 }
 
-fn submit_one(engine: &mut Engine, kv: &KvBoard, s: Submit) -> Submitted {
+fn submit_one(engine: &mut Engine, kv: &dyn KvStore, s: Submit) -> Submitted {
     let exec = s.key.call.exec;
     let prompt = s.request.prompt.len() as u64;
     let mut kv_refused = None;
@@ -174,7 +174,7 @@ fn submit_one(engine: &mut Engine, kv: &KvBoard, s: Submit) -> Submitted {
 }
 
 /// Queues `submits`, then runs one iteration of the engine.
-pub fn step(engine: &mut Engine, kv: &KvBoard, submits: Vec<Submit>) -> Stepped {
+pub fn step(engine: &mut Engine, kv: &dyn KvStore, submits: Vec<Submit>) -> Stepped {
     let submitted = submits
         .into_iter()
         .map(|s| (s.key, submit_one(engine, kv, s)))
@@ -210,7 +210,7 @@ pub fn step(engine: &mut Engine, kv: &KvBoard, submits: Vec<Submit>) -> Stepped 
 
 /// Pins and exports the cached prefix of each execution's requests (the
 /// longest one when an execution has several) onto the KV board.
-pub fn pin(engine: &mut Engine, kv: &KvBoard, wanted: Vec<(ExecId, Vec<ReqId>)>) -> JobOut {
+pub fn pin(engine: &mut Engine, kv: &dyn KvStore, wanted: Vec<(ExecId, Vec<ReqId>)>) -> JobOut {
     let mut pins = Vec::new();
     let mut errors = Vec::new();
     for (exec, reqs) in wanted {
@@ -284,7 +284,7 @@ pub fn unload(engine: &mut Engine, pins: Vec<PinId>) -> JobOut {
 
 /// The published weights for `version`: that version, or the newest one
 /// when it was already dropped from the board.
-fn published(board: &WeightBoard, version: Version) -> Result<std::sync::Arc<[u8]>, String> {
+fn published(board: &dyn WeightStore, version: Version) -> Result<std::sync::Arc<[u8]>, String> {
     board
         .get(version)
         .or_else(|| {
@@ -298,7 +298,7 @@ fn published(board: &WeightBoard, version: Version) -> Result<std::sync::Arc<[u8
 
 /// Brings the engine's memory back if it was released and serves the
 /// published `version` (or newer).
-pub fn load(engine: &mut Engine, board: &WeightBoard, version: Version) -> JobOut {
+pub fn load(engine: &mut Engine, board: &dyn WeightStore, version: Version) -> JobOut {
     let mut error = None;
     if let Err(e) = engine.resume_memory(&[MemTag::Weights, MemTag::KvCache]) {
         error = Some(format!("resume memory: {e}"));
@@ -321,7 +321,7 @@ pub fn load(engine: &mut Engine, board: &WeightBoard, version: Version) -> JobOu
 
 /// Serves `version` from the next step on; requests in flight continue
 /// and recompute their cache under it.
-pub fn set_weights(engine: &mut Engine, board: &WeightBoard, version: Version) -> JobOut {
+pub fn set_weights(engine: &mut Engine, board: &dyn WeightStore, version: Version) -> JobOut {
     let outcome = if engine.version() >= version {
         WeightsOutcome::Current
     } else {
@@ -343,6 +343,7 @@ pub fn set_weights(engine: &mut Engine, board: &WeightBoard, version: Version) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::embedded::shared::{KvBoard, WeightBoard};
     use gyre_gpu::engine::{EngineConfig, SamplingParams};
     use gyre_gpu::model::{ModelConfig, ParamBuffer};
 

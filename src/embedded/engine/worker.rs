@@ -392,7 +392,7 @@ impl EngineWorker {
             "engine.step",
             Running::Step { keys, adopted },
             cx,
-            move |e, s| JobOut::Stepped(ops::step(e, &s.kv, submits)),
+            move |e, s| JobOut::Stepped(ops::step(e, &*s.kv, submits)),
         );
     }
 
@@ -417,7 +417,7 @@ impl EngineWorker {
                     "engine.pin",
                     Running::Control { q, calls },
                     cx,
-                    move |e, s| ops::pin(e, &s.kv, wanted),
+                    move |e, s| ops::pin(e, &*s.kv, wanted),
                 );
             }
             Control::Cancel { .. } => {
@@ -460,7 +460,7 @@ impl EngineWorker {
                     "engine.load",
                     Running::Control { q, calls },
                     cx,
-                    move |e, s| ops::load(e, &s.weights, version),
+                    move |e, s| ops::load(e, &*s.weights, version),
                 );
             }
             Control::SetWeights { version } => {
@@ -473,7 +473,7 @@ impl EngineWorker {
                     "engine.set_weights",
                     Running::Control { q, calls },
                     cx,
-                    move |e, s| ops::set_weights(e, &s.weights, version),
+                    move |e, s| ops::set_weights(e, &*s.weights, version),
                 );
             }
         }

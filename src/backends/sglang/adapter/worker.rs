@@ -30,7 +30,7 @@ use crate::backends::sglang::wire::{TAG_KV_CACHE, TAG_WEIGHTS};
 use crate::backends::sglang::{Finish, GenerateRequest, Sampling, SglangClient};
 use crate::embedded::engine::{CallKey, EngineStats, call_seed};
 use crate::embedded::engine::{Served, call_done, tito, write_record};
-use crate::embedded::shared::{Shared, WeightBoard};
+use crate::embedded::shared::{Shared, WeightStore};
 
 /// A finished `/generate`, as a message carries it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -457,14 +457,14 @@ impl SglangEngine {
 
     fn issue(&mut self, op: Control, cx: &mut Cx<'_, Self>) {
         let client = self.client.clone();
-        let board: Arc<WeightBoard> = self.shared.weights.clone();
+        let board: Arc<dyn WeightStore> = self.shared.weights.clone();
         let mut calls = Vec::new();
         let job: HttpCall<ControlOut> = match &op {
             Control::Sync => {
                 let startup = self.cfg.startup;
                 HttpCall::new("sglang.sync", async move {
                     client.wait_serving(startup).await?;
-                    let version = push(&client, &board, None).await?;
+                    let version = push(&client, &*board, None).await?;
                     Ok(ControlOut::Synced { version })
                 })
             }
@@ -494,7 +494,7 @@ impl SglangEngine {
                 HttpCall::new("sglang.resume", async move {
                     client.resume_memory(&[]).await?;
                     let version = if want > current {
-                        push(&client, &board, Some(want)).await?
+                        push(&client, &*board, Some(want)).await?
                     } else {
                         current
                     };
@@ -508,7 +508,7 @@ impl SglangEngine {
                 }
                 let want = *version;
                 HttpCall::new("sglang.update_weights", async move {
-                    let version = push(&client, &board, Some(want)).await?;
+                    let version = push(&client, &*board, Some(want)).await?;
                     Ok(ControlOut::WeightsSet { version })
                 })
             }
@@ -600,7 +600,7 @@ impl SglangEngine {
 /// Gyre's flat parameter buffer, labelled with its version.
 async fn push(
     client: &SglangClient,
-    board: &WeightBoard,
+    board: &dyn WeightStore,
     want: Option<Version>,
 ) -> Result<Version, HttpFailure> {
     let found = match want {
@@ -696,6 +696,13 @@ impl Actor for SglangEngine {
                 EngineReq::SetWeights { version } => {
                     self.announced = self.announced.max(version);
                     self.control(Control::SetWeights { version }, cx);
+                }
+                EngineReq::SetWeightsAcked { version, reply_to } => {
+                    // Acknowledged once queued, as the embedded engine does:
+                    // the push itself is retried by the control queue.
+                    self.announced = self.announced.max(version);
+                    self.control(Control::SetWeights { version }, cx);
+                    cx.send(reply_to, EngineEvent::WeightsSet { version });
                 }
             },
             SglangEngineMsg::Prompt { key, prompt } => self.prompt_read(key, prompt, cx),

@@ -1,0 +1,523 @@
+//! The head of a multi-process run (`gyre train --cluster …`): it starts
+//! the node agents through the launcher, assigns them the plan's roles,
+//! assembles the scheduling plane over their ports, and reports what the
+//! run learned and what moved between processes.
+//!
+//! Phases: *join* (every node agent started and joined, with its transfer
+//! address), *assign* (each builds its backends over the plane and answers
+//! their ports), *run* (the scheduler, the proxy and the rest on the head;
+//! the core's updates arrive on an observer endpoint), *collect* (each
+//! node's bytes moved), *stop*. Any node that ends or loses its link before
+//! the stop fails the run at once, naming the node, its roles and how it
+//! ended: recovering from it is the scheduler's job, which it does not do
+//! for a lost process yet.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gyre_actors::sched::ConfigError;
+use gyre_actors::sched::plan::BackendFactory;
+use gyre_actors::sched::proto::engine::EngineReq;
+use gyre_actors::sched::scheduler::{Backends, Scheduler};
+use gyre_rdma::ClusterSecret;
+use gyre_runtime::live::{LinkSecret, LiveConfig, LiveNode};
+use gyre_runtime::{ActorId, Addr, External, NodeId, Recipient};
+use serde::Serialize;
+use tokio::sync::mpsc::Receiver;
+
+use super::launcher::{ClusterEvent, Launcher, LauncherMsg};
+use super::node::to_hex;
+use super::placement::{HeadInfo, Launch, Placement, Processes};
+use super::plane::{BytesMoved, Directory, Plane, PlaneError, shared_over};
+use super::proto::{HEAD, NodeCmd, NodeEvent, NodePorts, NodeSpec, Role, launcher_id, node_specs};
+use crate::embedded::cluster::{BuildError, ConfigFileError, EmbeddedBackends, EmbeddedConfig};
+use crate::embedded::live::LiveReport;
+use crate::embedded::run::rewards;
+use crate::embedded::task::Workspaces;
+use crate::embedded::trainer::UpdateSummary;
+
+/// How a cluster run is placed.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub launch: Launch,
+    /// Node-agent processes; `None` for one per plan node.
+    pub processes: Option<usize>,
+    /// Where the head listens for node agents (port 0: any).
+    pub listen: SocketAddr,
+    /// The `gyre` binary node agents run.
+    pub exe: PathBuf,
+    /// How long node agents have to start, join and build their backends.
+    pub join_timeout: Duration,
+    /// A run that publishes nothing for this long is reported stuck.
+    pub stall: Duration,
+}
+
+impl ClusterOptions {
+    /// Child processes on this machine, one per plan node.
+    pub fn local(exe: PathBuf) -> Self {
+        Self {
+            launch: Launch::Local,
+            processes: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            exe,
+            join_timeout: Duration::from_secs(60),
+            stall: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigFileError),
+    #[error("transfer plane: {0}")]
+    Plane(#[from] PlaneError),
+    #[error("live host: {0}")]
+    Host(#[from] gyre_runtime::RuntimeError),
+    #[error("could not start the tokio runtime: {0}")]
+    Tokio(#[from] std::io::Error),
+    #[error("the head's listener {0} must be a concrete address node agents can reach")]
+    Unreachable(SocketAddr),
+    #[error("the launcher got id {got}, not the well-known {want} node agents address")]
+    LauncherId { got: ActorId, want: ActorId },
+    #[error("{label} could not be started: {error}")]
+    LaunchFailed { label: String, error: String },
+    #[error("{label} failed: {what}")]
+    NodeFailed { label: String, what: String },
+    #[error("{label} failed: its link to the head went down")]
+    LinkLost { node: NodeId, label: String },
+    #[error("timed out after {secs} s waiting for node agents to {phase}")]
+    Timeout { phase: &'static str, secs: u64 },
+    #[error("no progress for {secs} s: {steps} of {target} steps published")]
+    Stalled { secs: u64, steps: u64, target: u64 },
+}
+
+impl From<ConfigError> for ClusterError {
+    fn from(e: ConfigError) -> Self {
+        ClusterError::Build(BuildError::Sched(e))
+    }
+}
+
+/// One node-agent process of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessReport {
+    pub node: u32,
+    pub roles: Vec<String>,
+    /// The process the launcher started (`srun` under Slurm).
+    pub pid: u32,
+    /// The node agent's own process.
+    pub agent_pid: u32,
+}
+
+/// What a cluster run did: the live host's report, plus the processes and
+/// the payload bytes that crossed between them.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    #[serde(flatten)]
+    pub run: LiveReport,
+    pub placement: String,
+    /// The head (`gyre train`) and the node agents.
+    pub head_pid: u32,
+    pub processes: Vec<ProcessReport>,
+    /// Bytes read by one process from another's transfer engine, by kind.
+    pub bytes_moved: BytesMoved,
+}
+
+/// Runs `cfg` across processes as `opts` places them.
+pub fn run_cluster(
+    cfg: &EmbeddedConfig,
+    opts: &ClusterOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ClusterReport, ClusterError> {
+    if opts.listen.ip().is_unspecified() {
+        return Err(ClusterError::Unreachable(opts.listen));
+    }
+    let secret: [u8; 32] = rand::random();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let mut placement: Option<Arc<dyn Placement>> = None;
+    let result = rt.block_on(run_head(cfg, opts, &secret, &mut placement, progress));
+    // Whatever happened, no node agent outlives its head.
+    if let Some(p) = placement {
+        p.stop_all();
+    }
+    result
+}
+
+struct Head {
+    live: LiveNode,
+    events: Receiver<(ActorId, ClusterEvent)>,
+    from: ActorId,
+    launcher: Addr<Launcher>,
+    specs: Vec<NodeSpec>,
+    pids: BTreeMap<NodeId, u32>,
+    agents: BTreeMap<NodeId, u32>,
+}
+
+impl Head {
+    fn label(&self, node: NodeId) -> String {
+        self.specs
+            .iter()
+            .find(|s| s.node == node)
+            .map_or_else(|| format!("node {}", node.0), NodeSpec::label)
+    }
+
+    /// The next event, with every unexpected end turned into an error.
+    async fn next(
+        &mut self,
+        deadline: Instant,
+        phase: &'static str,
+    ) -> Result<NodeEvent, ClusterError> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let event = match tokio::time::timeout(left, self.events.recv()).await {
+                Ok(Some((_, e))) => e,
+                Ok(None) | Err(_) => {
+                    return Err(ClusterError::Timeout {
+                        phase,
+                        secs: left.as_secs(),
+                    });
+                }
+            };
+            if let Some(e) = self.failure(event)? {
+                return Ok(e);
+            }
+        }
+    }
+
+    fn failure(&mut self, event: ClusterEvent) -> Result<Option<NodeEvent>, ClusterError> {
+        match event {
+            ClusterEvent::Started { node, pid } => {
+                tracing::info!(node = node.0, pid, roles = %self.label(node), "node agent started");
+                self.pids.insert(node, pid);
+                Ok(None)
+            }
+            ClusterEvent::LaunchFailed { label, error, .. } => {
+                Err(ClusterError::LaunchFailed { label, error })
+            }
+            ClusterEvent::Exited {
+                label,
+                status,
+                expected: false,
+                ..
+            } => Err(ClusterError::NodeFailed {
+                label,
+                what: format!("its process exited ({status})"),
+            }),
+            ClusterEvent::Exited { .. } => Ok(None),
+            ClusterEvent::LinkDown { node, label } => Err(ClusterError::LinkLost { node, label }),
+            ClusterEvent::Node(NodeEvent::Failed { node, error }) => {
+                Err(ClusterError::NodeFailed {
+                    label: self.label(node),
+                    what: format!("its assignment failed: {error}"),
+                })
+            }
+            ClusterEvent::Node(e) => Ok(Some(e)),
+        }
+    }
+
+    /// A lost link is usually a process that ended: wait briefly for its
+    /// exit, so the report says how it ended.
+    async fn why_lost(&mut self, node: NodeId, label: String) -> ClusterError {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.events.recv()).await {
+                Ok(Some((
+                    _,
+                    ClusterEvent::Exited {
+                        node: n, status, ..
+                    },
+                ))) if n == node => {
+                    return ClusterError::NodeFailed {
+                        label,
+                        what: format!(
+                            "its process exited ({status}) and its link to the head went down"
+                        ),
+                    };
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return ClusterError::LinkLost { node, label },
+            }
+        }
+    }
+
+    async fn tell(&self, to: Addr<External<NodeCmd>>, cmd: NodeCmd) -> Result<(), ClusterError> {
+        Ok(self.live.send(self.from, to, cmd).await?)
+    }
+}
+
+async fn run_head(
+    cfg: &EmbeddedConfig,
+    opts: &ClusterOptions,
+    secret: &[u8; 32],
+    placement_out: &mut Option<Arc<dyn Placement>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ClusterReport, ClusterError> {
+    let started = Instant::now();
+    let config_text = cfg.to_toml()?;
+    // Built once here so a bad configuration fails before any process starts.
+    let workspaces = Arc::new(Workspaces::new());
+    let transfer_secret = ClusterSecret::new(secret).map_err(PlaneError::from)?;
+    let plane = Plane::start(HEAD, SocketAddr::new(opts.listen.ip(), 0), transfer_secret)?;
+    let mut factory = EmbeddedBackends::new(
+        cfg,
+        shared_over(&plane, cfg.model.clone()),
+        workspaces.clone(),
+        None,
+    )?;
+
+    let mut live_cfg = LiveConfig::local(HEAD, cfg.seed);
+    live_cfg.listen = Some(opts.listen);
+    live_cfg.secret = Some(LinkSecret::new(secret)?);
+    let live = LiveNode::start(live_cfg).await?;
+    let head_addr = live
+        .local_addr()
+        .ok_or(ClusterError::Unreachable(opts.listen))?;
+    let (events_addr, events) = live.probe::<ClusterEvent>(1024);
+    let (updates_addr, mut updates_rx) = live.probe::<UpdateSummary>(1024);
+    let specs = node_specs(&cfg.sched, opts.processes);
+    let placement: Arc<dyn Placement> = Arc::new(Processes::new(
+        opts.launch.clone(),
+        HeadInfo {
+            addr: head_addr,
+            secret_hex: to_hex(secret),
+            exe: opts.exe.clone(),
+        },
+    ));
+    *placement_out = Some(placement.clone());
+    let launcher = live.spawn(Launcher::new(placement.clone(), specs.clone(), events_addr));
+    if launcher.id() != launcher_id() {
+        return Err(ClusterError::LauncherId {
+            got: launcher.id(),
+            want: launcher_id(),
+        });
+    }
+    tracing::info!(%head_addr, placement = placement.name(), nodes = specs.len(), "head listening");
+    let mut head = Head {
+        live: live.clone(),
+        events,
+        from: events_addr.id(),
+        launcher,
+        specs: specs.clone(),
+        pids: BTreeMap::new(),
+        agents: BTreeMap::new(),
+    };
+    let result = drive(
+        &mut head,
+        cfg,
+        opts,
+        &config_text,
+        &plane,
+        &mut factory,
+        updates_addr,
+        &mut updates_rx,
+        progress,
+    )
+    .await;
+    let result = match result {
+        Err(ClusterError::LinkLost { node, label }) => Err(head.why_lost(node, label).await),
+        other => other,
+    };
+    let outcome = match result {
+        Ok((updates, bytes_moved)) => {
+            let task = workspaces.stats();
+            let (reward_by_version, early_reward, late_reward) = rewards(&task);
+            let processes = specs
+                .iter()
+                .map(|s| ProcessReport {
+                    node: s.node.0,
+                    roles: s.roles.iter().map(Role::to_string).collect(),
+                    pid: head.pids.get(&s.node).copied().unwrap_or(0),
+                    agent_pid: head.agents.get(&s.node).copied().unwrap_or(0),
+                })
+                .collect();
+            Ok(ClusterReport {
+                run: LiveReport {
+                    seed: cfg.seed,
+                    steps: updates.len() as u64,
+                    wall_secs: started.elapsed().as_secs_f64(),
+                    updates,
+                    reward_by_version,
+                    early_reward,
+                    late_reward,
+                    executions: task.begun,
+                    scored: task.scored,
+                },
+                placement: placement.name().into(),
+                head_pid: std::process::id(),
+                processes,
+                bytes_moved,
+            })
+        }
+        Err(e) => Err(e),
+    };
+    live.shutdown().await;
+    plane.stop();
+    outcome
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    head: &mut Head,
+    cfg: &EmbeddedConfig,
+    opts: &ClusterOptions,
+    config_text: &str,
+    plane: &Arc<Plane>,
+    factory: &mut EmbeddedBackends,
+    updates_addr: Addr<External<UpdateSummary>>,
+    updates_rx: &mut Receiver<(ActorId, UpdateSummary)>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(Vec<UpdateSummary>, BytesMoved), ClusterError> {
+    // Join.
+    let deadline = Instant::now() + opts.join_timeout;
+    let mut joined = BTreeMap::new();
+    while joined.len() < head.specs.len() {
+        if let NodeEvent::Joined {
+            node,
+            pid,
+            transfer,
+            commands,
+        } = head.next(deadline, "join").await?
+        {
+            tracing::info!(node = node.0, pid, %transfer, "node agent joined");
+            head.agents.insert(node, pid);
+            joined.insert(node, (transfer, commands));
+        }
+    }
+    let host_of = |role: Role| {
+        head.specs
+            .iter()
+            .find(|s| s.roles.contains(&role))
+            .map_or(HEAD, |s| s.node)
+    };
+    let directory = Directory {
+        endpoints: std::iter::once((HEAD, plane.local_addr().unwrap_or(opts.listen)))
+            .chain(head.specs.iter().map(|s| (s.node, joined[&s.node].0)))
+            .collect(),
+        core: host_of(Role::Cell(0)),
+        cells: (0..cfg.sched.cells)
+            .map(|c| host_of(Role::Cell(c)))
+            .collect(),
+    };
+    {
+        let (p, d) = (plane.clone(), directory.clone());
+        tokio::task::spawn_blocking(move || p.connect(&d))
+            .await
+            .map_err(|e| PlaneError::Join(e.to_string()))??;
+    }
+
+    // Assign.
+    for spec in head.specs.clone() {
+        let cmd = NodeCmd::Assign {
+            config: config_text.to_string(),
+            roles: spec.roles.clone(),
+            directory: directory.clone(),
+            observer: Recipient::of(updates_addr),
+        };
+        head.tell(joined[&spec.node].1, cmd).await?;
+    }
+    let mut ready: BTreeMap<NodeId, NodePorts> = BTreeMap::new();
+    while ready.len() < head.specs.len() {
+        if let NodeEvent::Ready { node, ports } =
+            head.next(deadline, "build their backends").await?
+        {
+            ready.insert(node, ports);
+        }
+    }
+
+    // Run: the head's own backends and the scheduler over every port.
+    let cells: BTreeMap<u32, _> = ready
+        .values()
+        .flat_map(|p| p.cells.iter().map(|c| (c.cell, *c)))
+        .collect();
+    let pool_engine: Option<Recipient<EngineReq>> = ready.values().find_map(|p| p.pool);
+    let live = head.live.clone();
+    let transfer = live.spawn(factory.transfer()?);
+    let harness = live.spawn(factory.harness()?);
+    let evaluator = live.spawn(factory.evaluator()?);
+    let ports = Backends {
+        engines: cells.values().map(|c| c.engine).collect(),
+        pool_engine,
+        trainers: cells.values().map(|c| c.trainer).collect(),
+        memories: cells.values().map(|c| c.memory).collect(),
+        transfer: Recipient::of(transfer),
+        harness: Recipient::of(harness),
+        evaluator: Recipient::of(evaluator),
+        kv_bytes_per_token: factory.kv_bytes_per_token(),
+        blobs: factory.blobs(),
+    };
+    live.spawn(Scheduler::new(cfg.sched.clone(), ports)?);
+    tracing::info!(nodes = head.specs.len(), "cluster assembled; training");
+
+    let target = cfg.sched.target_steps;
+    let mut updates: Vec<UpdateSummary> = Vec::new();
+    progress(0, target);
+    while (updates.len() as u64) < target {
+        tokio::select! {
+            u = tokio::time::timeout(opts.stall, updates_rx.recv()) => match u {
+                Ok(Some((_, u))) => {
+                    tracing::info!(step = u.step, version = u.version, loss = u.loss, "update published");
+                    updates.push(u);
+                    progress(updates.len() as u64, target);
+                }
+                Ok(None) | Err(_) => {
+                    return Err(ClusterError::Stalled {
+                        secs: opts.stall.as_secs(),
+                        steps: updates.len() as u64,
+                        target,
+                    });
+                }
+            },
+            e = head.events.recv() => {
+                if let Some((_, e)) = e {
+                    head.failure(e)?;
+                }
+            }
+        }
+    }
+
+    // Collect what moved, then stop every node agent.
+    let mut moved = plane.moved();
+    for (_, commands) in joined.values() {
+        head.tell(*commands, NodeCmd::Report).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut reported = 0;
+    while reported < head.specs.len() {
+        if let NodeEvent::Moved { bytes, .. } = head.next(deadline, "report their bytes").await? {
+            moved += bytes;
+            reported += 1;
+        }
+    }
+    head.live
+        .send(head.from, head.launcher, LauncherMsg::Stopping)
+        .await?;
+    for (_, commands) in joined.values() {
+        head.tell(*commands, NodeCmd::Stop).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut exited = 0;
+    while exited < head.specs.len() && Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, head.events.recv()).await {
+            Ok(Some((_, ClusterEvent::Exited { .. }))) => exited += 1,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    if exited < head.specs.len() {
+        tracing::warn!(
+            exited,
+            nodes = head.specs.len(),
+            "some node agents did not exit when stopped"
+        );
+    }
+    Ok((updates, moved))
+}

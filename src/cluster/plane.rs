@@ -1,0 +1,675 @@
+//! The payload plane of a multi-process cluster: the embedded backends'
+//! boards (weights, gradients, KV) and payload store (prompts, TITO
+//! records, micro-step rows) as segments of each process's transfer engine,
+//! moved between processes by one-sided reads over gyre-rdma's TCP backend.
+//!
+//! Whoever writes keeps the bytes: a put registers a frozen segment in the
+//! writer's own engine, and a reader in another process opens it and READs
+//! it. So the core's published weights live on the core's node and every
+//! engine and satellite pulls them; a cell's drained gradients live on the
+//! cell and the core reads each member's (a reduce to the core over the
+//! transfer engine); an engine's pinned KV lives on the source engine and
+//! the adopting engine reads it; a prompt lives on the head, a TITO record
+//! on the engine that wrote it. Small notifications say what exists where
+//! (a new weight version, an export's owner) and ask an owner to free what
+//! its reader consumed. Every call runs inside an I/O job, never a handler,
+//! so blocking on the network is allowed here.
+//!
+//! Handles encode their owner: a [`BlobId`] carries its node in its top
+//! bits; weights are named by version, gradients by (step, cell), KV by
+//! execution, each found on the node the [`Directory`] names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use gyre_actors::sched::ids::{ExecId, Step, Version};
+use gyre_gpu::model::ModelConfig;
+use gyre_gpu::trainer::GradBuffer;
+use gyre_rdma::{
+    ClusterSecret, Notification, PeerId, RequestError, TcpOptions, TcpServer, TransferEngine,
+    TransferError, TransferRequest,
+};
+use gyre_runtime::{BlobId, BlobStore, NodeId};
+use serde::{Deserialize, Serialize};
+
+use crate::embedded::shared::{GradStore, KvStore, Shared, WeightStore, lock};
+
+/// Where each process's transfer engine listens, and which process holds
+/// what: sent by the head to every node before anything moves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Directory {
+    /// Every process (the head first) and its transfer-engine address.
+    pub endpoints: Vec<(NodeId, SocketAddr)>,
+    /// The process hosting cell 0, whose trainer is the core.
+    pub core: NodeId,
+    /// The process hosting each cell, in cell order.
+    pub cells: Vec<NodeId>,
+}
+
+/// Bytes this process read from other processes, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BytesMoved {
+    pub weights: u64,
+    pub kv: u64,
+    pub gradients: u64,
+    /// Token payloads: prompts, TITO records and packed micro-step rows.
+    pub rows: u64,
+}
+
+impl std::ops::AddAssign for BytesMoved {
+    fn add_assign(&mut self, o: Self) {
+        self.weights += o.weights;
+        self.kv += o.kv;
+        self.gradients += o.gradients;
+        self.rows += o.rows;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    weights: AtomicU64,
+    kv: AtomicU64,
+    gradients: AtomicU64,
+    rows: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlaneError {
+    #[error("transfer engine: {0}")]
+    Transfer(#[from] TransferError),
+    #[error("node {0} is not in the directory")]
+    NoPeer(NodeId),
+    #[error("connecting the plane: {0}")]
+    Join(String),
+}
+
+const TOPIC_BLOB_RELEASE: &str = "gyre.blob.release";
+const TOPIC_KV_AT: &str = "gyre.kv.at";
+const TOPIC_KV_RELEASE: &str = "gyre.kv.release";
+const TOPIC_WEIGHTS: &str = "gyre.weights.published";
+/// Weight versions the core keeps registered.
+const KEEP_WEIGHTS: usize = 4;
+/// Bits of a blob id below its owner's node id.
+const BLOB_OWNER_SHIFT: u32 = 40;
+
+/// One process's side of the plane.
+pub struct Plane {
+    me: NodeId,
+    engine: TransferEngine,
+    server: Mutex<Option<TcpServer>>,
+    secret: ClusterSecret,
+    peers: RwLock<BTreeMap<NodeId, PeerId>>,
+    directory: RwLock<Option<Directory>>,
+    moved: Counters,
+    next_blob: AtomicU64,
+    /// Sizes of the blobs this process holds.
+    blobs: Mutex<BTreeMap<u64, u64>>,
+    /// Which process holds each execution's KV export, as announced.
+    kv_at: Mutex<(Receiver<Notification>, BTreeMap<ExecId, NodeId>)>,
+    kv_local: Mutex<BTreeSet<ExecId>>,
+    /// Weight versions announced by the core.
+    versions: Mutex<(Receiver<Notification>, BTreeSet<Version>)>,
+    /// The last weights read from the core, so engines of one process that
+    /// load the same version read it once.
+    weight_cache: Mutex<Option<(Version, Arc<[u8]>)>>,
+    grads_local: Mutex<BTreeSet<(Step, u32)>>,
+}
+
+impl std::fmt::Debug for Plane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plane")
+            .field("me", &self.me)
+            .field("moved", &self.moved())
+            .finish_non_exhaustive()
+    }
+}
+
+fn blob_name(id: u64) -> String {
+    format!("b{id}")
+}
+
+fn weights_name(v: Version) -> String {
+    format!("w{v}")
+}
+
+fn grads_name(step: Step, cell: u32) -> String {
+    format!("g{step}.{cell}")
+}
+
+fn kv_name(exec: ExecId) -> String {
+    format!("kv{}", exec.0)
+}
+
+fn u64_of(p: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(p.get(..8)?.try_into().ok()?))
+}
+
+impl Plane {
+    /// Starts this process's transfer engine and its TCP server on `listen`
+    /// (peers must prove `secret`).
+    pub fn start(
+        me: NodeId,
+        listen: SocketAddr,
+        secret: ClusterSecret,
+    ) -> Result<Arc<Plane>, PlaneError> {
+        let engine = TransferEngine::new(&format!("node-{}", me.0));
+        let server = engine.listen_tcp(listen, &secret)?;
+        let kv_rx = engine.subscribe(TOPIC_KV_AT);
+        let v_rx = engine.subscribe(TOPIC_WEIGHTS);
+        let plane = Arc::new(Plane {
+            me,
+            engine,
+            server: Mutex::new(Some(server)),
+            secret,
+            peers: RwLock::default(),
+            directory: RwLock::default(),
+            moved: Counters::default(),
+            next_blob: AtomicU64::new(1),
+            blobs: Mutex::default(),
+            kv_at: Mutex::new((kv_rx, BTreeMap::new())),
+            kv_local: Mutex::default(),
+            versions: Mutex::new((v_rx, BTreeSet::from([0]))),
+            weight_cache: Mutex::default(),
+            grads_local: Mutex::default(),
+        });
+        plane.serve_releases();
+        Ok(plane)
+    }
+
+    /// Where peers reach this process's segments.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        lock(&self.server).as_ref().map(TcpServer::local_addr)
+    }
+
+    /// Opens authenticated connections to every other process in `dir`.
+    pub fn connect(&self, dir: &Directory) -> Result<(), PlaneError> {
+        let opts = TcpOptions {
+            connections: 2,
+            ..TcpOptions::default()
+        };
+        let mut peers = BTreeMap::new();
+        for &(node, addr) in &dir.endpoints {
+            if node != self.me {
+                peers.insert(node, self.engine.connect_tcp(addr, &self.secret, opts)?);
+            }
+        }
+        *self.peers.write().unwrap_or_else(|p| p.into_inner()) = peers;
+        *self.directory.write().unwrap_or_else(|p| p.into_inner()) = Some(dir.clone());
+        Ok(())
+    }
+
+    /// What this process read from the others so far.
+    pub fn moved(&self) -> BytesMoved {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BytesMoved {
+            weights: g(&self.moved.weights),
+            kv: g(&self.moved.kv),
+            gradients: g(&self.moved.gradients),
+            rows: g(&self.moved.rows),
+        }
+    }
+
+    fn peer(&self, node: NodeId) -> Result<PeerId, PlaneError> {
+        self.peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node)
+            .copied()
+            .ok_or(PlaneError::NoPeer(node))
+    }
+
+    fn dir<T>(&self, f: impl FnOnce(&Directory) -> T) -> Option<T> {
+        self.directory
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(f)
+    }
+
+    /// Reads all of segment `name` from `owner` (its own memory when that is
+    /// this process), counting the bytes under `counter` when they crossed.
+    fn read(&self, owner: NodeId, name: &str, counter: &AtomicU64) -> Result<Bytes, String> {
+        if owner == self.me {
+            return self
+                .engine
+                .local_segment(name)
+                .map(|s| s.to_bytes())
+                .map_err(|e| e.to_string());
+        }
+        let peer = self.peer(owner).map_err(|e| e.to_string())?;
+        let seg = self
+            .engine
+            .open_segment(peer, name)
+            .map_err(|e| e.to_string())?;
+        let done = self
+            .engine
+            .transfer(vec![TransferRequest::read(&seg, 0, seg.len)]);
+        match done.into_iter().next() {
+            Some(Ok(t)) => {
+                counter.fetch_add(t.bytes, Ordering::Relaxed);
+                Ok(t.data.unwrap_or_default())
+            }
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err(format!("no completion for reading {name} from {owner}")),
+        }
+    }
+
+    fn register(&self, name: &str, bytes: Bytes) -> bool {
+        match self.engine.register_frozen(name, bytes) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(segment = name, error = %e, "registering a payload failed");
+                false
+            }
+        }
+    }
+
+    fn notify(&self, node: NodeId, topic: &str, payload: Vec<u8>) -> Result<(), String> {
+        let peer = self.peer(node).map_err(|e| e.to_string())?;
+        self.engine
+            .send_notification(peer, topic, payload.into())
+            .map_err(|e: RequestError| e.to_string())
+    }
+
+    fn notify_all(&self, topic: &str, payload: &[u8]) {
+        let peers: Vec<NodeId> = self
+            .peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        for node in peers {
+            if let Err(e) = self.notify(node, topic, payload.to_vec()) {
+                tracing::warn!(%node, topic, error = %e, "notification not delivered");
+            }
+        }
+    }
+
+    /// Frees, on request of their readers, the blobs and KV exports this
+    /// process owns (one thread per topic, for the process's lifetime).
+    fn serve_releases(self: &Arc<Self>) {
+        for topic in [TOPIC_BLOB_RELEASE, TOPIC_KV_RELEASE] {
+            let rx = self.engine.subscribe(topic);
+            let plane = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name(format!("plane-{topic}"))
+                .spawn(move || {
+                    while let Ok(note) = rx.recv() {
+                        let (Some(plane), Some(id)) = (plane.upgrade(), u64_of(&note.payload))
+                        else {
+                            break;
+                        };
+                        if topic == TOPIC_BLOB_RELEASE {
+                            plane.release_local_blob(id);
+                        } else {
+                            plane.release_local_kv(ExecId(id));
+                        }
+                    }
+                })
+                .map_err(|e| tracing::error!(error = %e, "release thread did not start"))
+                .ok();
+        }
+    }
+
+    fn release_local_blob(&self, id: u64) -> bool {
+        let known = lock(&self.blobs).remove(&id).is_some();
+        self.engine.unregister(&blob_name(id)) && known
+    }
+
+    fn release_local_kv(&self, exec: ExecId) {
+        lock(&self.kv_local).remove(&exec);
+        self.engine.unregister(&kv_name(exec));
+    }
+
+    /// Stops serving segments (peers' reads fail from now on).
+    pub fn stop(&self) {
+        lock(&self.server).take();
+    }
+}
+
+/// What the embedded backends of one process share, when that process is
+/// one of a cluster's: every board and the payload store over `plane`.
+pub fn shared_over(plane: &Arc<Plane>, model: ModelConfig) -> Shared {
+    Shared {
+        model,
+        blobs: Arc::new(PlaneBlobs(plane.clone())),
+        weights: Arc::new(PlaneWeights(plane.clone())),
+        grads: Arc::new(PlaneGrads(plane.clone())),
+        kv: Arc::new(PlaneKv(plane.clone())),
+        updates: Arc::default(),
+    }
+}
+
+/// The payload store over the plane.
+#[derive(Debug, Clone)]
+pub struct PlaneBlobs(pub Arc<Plane>);
+
+impl BlobStore for PlaneBlobs {
+    fn put(&self, bytes: Vec<u8>) -> BlobId {
+        let p = &self.0;
+        let id =
+            (u64::from(p.me.0) << BLOB_OWNER_SHIFT) | p.next_blob.fetch_add(1, Ordering::Relaxed);
+        let len = bytes.len() as u64;
+        if p.register(&blob_name(id), Bytes::from(bytes)) {
+            lock(&p.blobs).insert(id, len);
+        }
+        BlobId(id)
+    }
+
+    fn get(&self, id: BlobId) -> Option<Arc<[u8]>> {
+        let owner = NodeId((id.0 >> BLOB_OWNER_SHIFT) as u32);
+        match self.0.read(owner, &blob_name(id.0), &self.0.moved.rows) {
+            Ok(b) => Some(Arc::from(&b[..])),
+            Err(e) => {
+                tracing::debug!(%id, error = %e, "payload not readable");
+                None
+            }
+        }
+    }
+
+    fn release(&self, id: BlobId) -> bool {
+        let owner = NodeId((id.0 >> BLOB_OWNER_SHIFT) as u32);
+        if owner == self.0.me {
+            return self.0.release_local_blob(id.0);
+        }
+        self.0
+            .notify(owner, TOPIC_BLOB_RELEASE, id.0.to_le_bytes().to_vec())
+            .is_ok()
+    }
+
+    fn live(&self) -> usize {
+        lock(&self.0.blobs).len()
+    }
+
+    fn bytes(&self) -> u64 {
+        lock(&self.0.blobs).values().sum()
+    }
+}
+
+/// Published weights: registered on the core's process, read by the others.
+#[derive(Debug, Clone)]
+pub struct PlaneWeights(pub Arc<Plane>);
+
+impl PlaneWeights {
+    fn core(&self) -> Option<NodeId> {
+        self.0.dir(|d| d.core)
+    }
+
+    /// The newest version announced (or published here).
+    pub fn newest(&self) -> Version {
+        let mut g = lock(&self.0.versions);
+        let (rx, known) = &mut *g;
+        for note in rx.try_iter() {
+            if let Some(v) = u64_of(&note.payload) {
+                known.insert(v);
+            }
+        }
+        known.last().copied().unwrap_or(0)
+    }
+}
+
+impl WeightStore for PlaneWeights {
+    fn publish(&self, version: Version, bytes: Arc<[u8]>) {
+        let p = &self.0;
+        if !p.register(&weights_name(version), Bytes::from(bytes.to_vec())) {
+            return;
+        }
+        let stale: Vec<Version> = {
+            let mut g = lock(&p.versions);
+            g.1.insert(version);
+            let over = g.1.len().saturating_sub(KEEP_WEIGHTS);
+            let stale: Vec<Version> = g.1.iter().take(over).copied().collect();
+            for v in &stale {
+                g.1.remove(v);
+            }
+            stale
+        };
+        for v in stale {
+            p.engine.unregister(&weights_name(v));
+        }
+        p.notify_all(TOPIC_WEIGHTS, &version.to_le_bytes());
+    }
+
+    fn get(&self, version: Version) -> Option<Arc<[u8]>> {
+        let p = &self.0;
+        if let Some((v, b)) = lock(&p.weight_cache).as_ref()
+            && *v == version
+        {
+            return Some(b.clone());
+        }
+        let core = self.core()?;
+        match p.read(core, &weights_name(version), &p.moved.weights) {
+            Ok(b) => {
+                let b: Arc<[u8]> = Arc::from(&b[..]);
+                if core != p.me {
+                    *lock(&p.weight_cache) = Some((version, b.clone()));
+                }
+                Some(b)
+            }
+            Err(e) => {
+                tracing::debug!(version, error = %e, "weights not readable");
+                None
+            }
+        }
+    }
+
+    fn latest(&self) -> Option<(Version, Arc<[u8]>)> {
+        let v = self.newest();
+        self.get(v).map(|b| (v, b))
+    }
+}
+
+/// Drained gradients: registered on the cell that drained them, read by
+/// the core's reduce.
+#[derive(Debug, Clone)]
+pub struct PlaneGrads(pub Arc<Plane>);
+
+impl GradStore for PlaneGrads {
+    fn deposit(&self, step: Step, cell: u32, grads: GradBuffer) {
+        let p = &self.0;
+        if p.register(&grads_name(step, cell), Bytes::from(grads.encode())) {
+            let mut local = lock(&p.grads_local);
+            local.insert((step, cell));
+            // A step's gradients are read once, before the next step drains;
+            // one step of slack covers a satellite that drains early.
+            let old: Vec<_> = local
+                .iter()
+                .filter(|(s, _)| s + 1 < step)
+                .copied()
+                .collect();
+            for (s, c) in old {
+                local.remove(&(s, c));
+                p.engine.unregister(&grads_name(s, c));
+            }
+        }
+    }
+
+    fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>) {
+        let p = &self.0;
+        let cells = p.dir(|d| d.cells.clone()).unwrap_or_default();
+        let (mut found, mut missing) = (Vec::new(), Vec::new());
+        for cell in 0..members {
+            let got = cells
+                .get(cell as usize)
+                .ok_or_else(|| format!("cell {cell} is not in the directory"))
+                .and_then(|&owner| p.read(owner, &grads_name(step, cell), &p.moved.gradients))
+                .and_then(|b| GradBuffer::decode(&b).map_err(|e| e.to_string()));
+            match got {
+                Ok(g) => found.push(g),
+                Err(e) => {
+                    tracing::debug!(step, cell, error = %e, "no gradients");
+                    missing.push(cell);
+                }
+            }
+        }
+        (found, missing)
+    }
+}
+
+/// Pinned KV exports: registered on the source engine's process and
+/// announced to all; read by whoever adopts or moves them.
+#[derive(Debug, Clone)]
+pub struct PlaneKv(pub Arc<Plane>);
+
+impl PlaneKv {
+    fn owner(&self, exec: ExecId) -> Option<NodeId> {
+        let p = &self.0;
+        if lock(&p.kv_local).contains(&exec) {
+            return Some(p.me);
+        }
+        let mut g = lock(&p.kv_at);
+        let (rx, at) = &mut *g;
+        for note in rx.try_iter() {
+            let b = &note.payload;
+            if let (Some(e), Some(n)) = (u64_of(b), b.get(8..12)) {
+                let node = u32::from_le_bytes(n.try_into().unwrap_or_default());
+                at.insert(ExecId(e), NodeId(node));
+            }
+        }
+        at.get(&exec).copied()
+    }
+}
+
+impl KvStore for PlaneKv {
+    fn put(&self, exec: ExecId, bytes: Arc<[u8]>) {
+        let p = &self.0;
+        if p.register(&kv_name(exec), Bytes::from(bytes.to_vec())) {
+            lock(&p.kv_local).insert(exec);
+            let mut note = exec.0.to_le_bytes().to_vec();
+            note.extend_from_slice(&p.me.0.to_le_bytes());
+            p.notify_all(TOPIC_KV_AT, &note);
+        }
+    }
+
+    fn get(&self, exec: ExecId) -> Option<Arc<[u8]>> {
+        let owner = self.owner(exec)?;
+        match self.0.read(owner, &kv_name(exec), &self.0.moved.kv) {
+            Ok(b) => Some(Arc::from(&b[..])),
+            Err(e) => {
+                tracing::debug!(?exec, error = %e, "KV export not readable");
+                None
+            }
+        }
+    }
+
+    fn remove(&self, exec: ExecId) -> Option<Arc<[u8]>> {
+        let owner = self.owner(exec)?;
+        let bytes = self.get(exec);
+        let p = &self.0;
+        lock(&p.kv_at).1.remove(&exec);
+        if owner == p.me {
+            p.release_local_kv(exec);
+        } else if let Err(e) = p.notify(owner, TOPIC_KV_RELEASE, exec.0.to_le_bytes().to_vec()) {
+            tracing::warn!(?exec, %owner, error = %e, "KV release not delivered");
+        }
+        bytes
+    }
+
+    fn len(&self) -> usize {
+        lock(&self.0.kv_local).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> ClusterSecret {
+        ClusterSecret::new([3u8; 32]).unwrap()
+    }
+
+    /// Three planes on loopback (as three processes would be), connected
+    /// by one directory: node 0 the head, 10 the core's cell, 11 a cell.
+    fn three() -> Vec<Arc<Plane>> {
+        let nodes = [NodeId(0), NodeId(10), NodeId(11)];
+        let planes: Vec<_> = nodes
+            .iter()
+            .map(|&n| Plane::start(n, "127.0.0.1:0".parse().unwrap(), secret()).unwrap())
+            .collect();
+        let dir = Directory {
+            endpoints: planes
+                .iter()
+                .map(|p| (p.me, p.local_addr().unwrap()))
+                .collect(),
+            core: NodeId(10),
+            cells: vec![NodeId(10), NodeId(11)],
+        };
+        for p in &planes {
+            p.connect(&dir).unwrap();
+        }
+        planes
+    }
+
+    #[test]
+    fn blobs_are_read_across_planes_counted_and_released_at_their_owner() {
+        let p = three();
+        let (head, cell) = (PlaneBlobs(p[0].clone()), PlaneBlobs(p[2].clone()));
+        let id = head.put(vec![5u8; 1000]);
+        assert_eq!(id.0 >> BLOB_OWNER_SHIFT, 0);
+        assert_eq!(cell.get(id).as_deref(), Some(&[5u8; 1000][..]));
+        assert_eq!(p[2].moved().rows, 1000);
+        assert_eq!(head.live(), 1);
+        let rec = cell.put(vec![9u8; 10]);
+        assert_eq!(head.get(rec).as_deref(), Some(&[9u8; 10][..]));
+        assert!(cell.release(id), "release is asked of the owner");
+        for _ in 0..200 {
+            if head.live() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(head.live(), 0);
+        assert_eq!(cell.get(id), None, "a released blob is gone");
+    }
+
+    #[test]
+    fn weights_grads_and_kv_move_between_planes() {
+        let p = three();
+        let core = PlaneWeights(p[1].clone());
+        core.publish(3, vec![1u8; 64].into());
+        let reader = PlaneWeights(p[2].clone());
+        let (v, b) = reader.latest().unwrap();
+        assert_eq!((v, b.len()), (3, 64));
+        assert_eq!(p[2].moved().weights, 64);
+        for v in 4..10 {
+            core.publish(v, vec![v as u8; 8].into());
+        }
+        assert_eq!(reader.get(4), None, "old versions are withdrawn");
+        assert_eq!(reader.latest().unwrap().1.as_ref(), &[9u8; 8]);
+
+        let g = GradBuffer {
+            version: 9,
+            fingerprint: 1,
+            cells: 1,
+            micro_steps: 2,
+            targets: 5,
+            loss: 0.25,
+            data: vec![0.5; 16],
+        };
+        PlaneGrads(p[2].clone()).deposit(7, 1, g.clone());
+        PlaneGrads(p[1].clone()).deposit(7, 0, g.clone());
+        let (found, missing) = PlaneGrads(p[1].clone()).take(7, 3);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[1].data, g.data);
+        assert_eq!(missing, vec![2]);
+        assert!(p[1].moved().gradients > 0);
+
+        let src = PlaneKv(p[1].clone());
+        src.put(ExecId(42), vec![7u8; 300].into());
+        let dst = PlaneKv(p[2].clone());
+        assert_eq!(dst.remove(ExecId(42)).map(|b| b.len()), Some(300));
+        assert_eq!(p[2].moved().kv, 300);
+        for _ in 0..200 {
+            if src.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(src.is_empty(), "the source freed the adopted export");
+    }
+}

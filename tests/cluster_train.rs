@@ -1,0 +1,252 @@
+//! `gyre train --cluster local` as a user runs it: the head and one node
+//! agent per cell and for the pool, each its own OS process. A tiny run
+//! trains (the policy version advances with every update, each update
+//! trained targets) and reports what the one-process live run reports,
+//! plus its processes and the payload bytes that crossed between them; no
+//! node agent outlives the head. A node agent killed mid-run is detected
+//! and the run fails naming it, its roles and how it ended.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::ok;
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = ok(args);
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
+fn gone(pid: u64) -> bool {
+    // Reaped children leave no /proc entry (pids are not reused this fast).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn a_tiny_run_trains_across_processes_and_reports_like_the_one_process_run() {
+    let cluster = json(&[
+        "train",
+        "--tiny",
+        "--steps",
+        "3",
+        "--cluster",
+        "local",
+        "--json",
+    ]);
+    let live = json(&[
+        "train", "--tiny", "--steps", "3", "--host", "live", "--json",
+    ]);
+
+    assert_eq!(cluster["steps"], 3);
+    let updates = cluster["updates"].as_array().expect("updates");
+    let versions: Vec<u64> = updates
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        versions,
+        [1, 2, 3],
+        "one update per step, each a new version"
+    );
+    for u in updates {
+        assert!(
+            u["targets"].as_u64().unwrap() > 0,
+            "every update trained: {u}"
+        );
+    }
+    assert!(cluster["scored"].as_u64().unwrap() > 0);
+    let keys = |v: &serde_json::Value| -> BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    };
+    let missing: Vec<_> = keys(&live).difference(&keys(&cluster)).cloned().collect();
+    assert!(missing.is_empty(), "the cluster report lacks {missing:?}");
+
+    let head = cluster["head_pid"].as_u64().unwrap();
+    let procs = cluster["processes"].as_array().expect("processes");
+    assert_eq!(
+        procs.len(),
+        3,
+        "cell 0, cell 1 and the pool each in a node agent"
+    );
+    let mut pids: BTreeSet<u64> = procs.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    pids.insert(head);
+    assert_eq!(pids.len(), 4, "four distinct OS processes: {procs:?}");
+    let roles: Vec<_> = procs
+        .iter()
+        .map(|p| p["roles"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["cell 0", "cell 1", "pool"]);
+
+    let moved = &cluster["bytes_moved"];
+    for kind in ["weights", "kv", "gradients", "rows"] {
+        assert!(moved[kind].is_u64(), "bytes_moved.{kind}: {moved}");
+    }
+    assert!(
+        moved["weights"].as_u64().unwrap() > 0,
+        "published weights reached other processes' engines"
+    );
+    assert!(
+        moved["rows"].as_u64().unwrap() > 0,
+        "prompts, records and rows crossed"
+    );
+    for p in procs {
+        assert!(
+            gone(p["pid"].as_u64().unwrap()),
+            "node agent {p} outlived the head"
+        );
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The value of `key=` in a log line.
+fn field(line: &str, key: &str) -> Option<String> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    Some(line[at..].split_whitespace().next()?.to_string())
+}
+
+/// A head training `steps` steps whose log lines arrive on the receiver,
+/// ANSI stripped.
+fn head_with_log(
+    steps: &str,
+) -> (
+    std::process::Child,
+    mpsc::Receiver<String>,
+    std::thread::JoinHandle<()>,
+) {
+    let mut head = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["train", "--tiny", "--steps", steps, "--cluster", "local"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gyre runs");
+    let stderr = head.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(strip_ansi(&line)).is_err() {
+                break;
+            }
+        }
+    });
+    (head, rx, reader)
+}
+
+#[test]
+fn a_node_agent_without_the_cluster_secret_is_refused() {
+    let (mut head, rx, reader) = head_with_log("10");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let addr = loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the head starts");
+        if line.contains("head listening") {
+            break field(&line, "head_addr").unwrap();
+        }
+    };
+    let intruder = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args([
+            "node",
+            "--head",
+            &addr,
+            "--node",
+            "12",
+            "--join-timeout-s",
+            "2",
+        ])
+        .env("GYRE_CLUSTER_SECRET", "ab".repeat(32))
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&intruder.stderr);
+    assert!(!intruder.status.success(), "an intruder must not join");
+    assert!(err.contains("could not join the head"), "{err}");
+    let status = head.wait().unwrap();
+    reader.join().unwrap();
+    let log: Vec<String> = rx.try_iter().collect();
+    assert!(
+        status.success(),
+        "the run goes on without the intruder:\n{}",
+        log.join("\n")
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains("the dialer does not hold the cluster secret")),
+        "the head logged the refusal"
+    );
+}
+
+#[test]
+fn a_killed_node_agent_is_detected_and_reported_by_name() {
+    let (mut head, rx, reader) = head_with_log("40");
+    let mut pids = std::collections::BTreeMap::new();
+    let mut trained = false;
+    let mut log = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(trained && pids.len() == 3) {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("the run never got going:\n{}", log.join("\n")));
+        if line.contains("node agent started") {
+            let node = field(&line, "node").unwrap();
+            pids.insert(node, field(&line, "pid").unwrap());
+        }
+        trained |= line.contains("update published");
+        log.push(line);
+    }
+    let victim = &pids["11"];
+    let killed = Command::new("kill").args(["-9", victim]).status().unwrap();
+    assert!(killed.success());
+
+    let status = loop {
+        if let Some(s) = head.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the head did not notice the loss"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    reader.join().unwrap();
+    log.extend(rx.try_iter());
+    let text = log.join("\n");
+    assert!(!status.success(), "a lost node fails the run");
+    assert!(
+        text.contains("node 11 (cell 1) failed: its process exited (signal: 9 (SIGKILL))")
+            || text.contains("node 11 (cell 1) failed: its link to the head went down"),
+        "the failure names the node and how it ended:\n{text}"
+    );
+    for pid in pids.values() {
+        assert!(
+            gone(pid.parse().unwrap()),
+            "node agent {pid} outlived the head"
+        );
+    }
+}
