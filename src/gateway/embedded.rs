@@ -10,7 +10,8 @@
 //! call carries 60–80 KB of system prompt and tool schemas (about 20K
 //! tokens of this vocabulary): a 32,768-token context, prompts prefilled in
 //! chunks of 1,024 tokens (attention memory stays at heads × 1,024 × context
-//! floats), outputs capped at 256 tokens, and a prefix cache, so the next
+//! floats), outputs capped at 256 tokens (the cap ends the turn), and a
+//! prefix cache, so the next
 //! call of a conversation (its previous prompt, the reply, then what is
 //! new) prefills only what is new.
 //!
@@ -149,6 +150,10 @@ struct Job {
     request: Request,
     events: mpsc::Sender<EngineEvent>,
     cancel: CancellationToken,
+    /// The engine's own output cap, not the client's max_tokens, bounds
+    /// this call: reaching it ends the turn (a client asking 64,000
+    /// tokens is not told its limit was hit).
+    capped: bool,
 }
 
 pub struct EmbeddedEngine {
@@ -170,6 +175,7 @@ struct Live {
     events: mpsc::Sender<EngineEvent>,
     cancel: CancellationToken,
     sent: usize,
+    capped: bool,
 }
 
 /// Sends newly sampled tokens of every live request; drops cancelled ones.
@@ -215,6 +221,7 @@ fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>, stats: Arc<Counte
                         Live {
                             events: job.events,
                             cancel: job.cancel,
+                            capped: job.capped,
                             sent: 0,
                         },
                     );
@@ -256,6 +263,7 @@ fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>, stats: Arc<Counte
             }
             let finish = match c.finish {
                 FinishReason::Stop => EngineFinish::EndOfTurn,
+                FinishReason::Length if l.capped => EngineFinish::EndOfTurn,
                 FinishReason::Length => EngineFinish::Length,
                 FinishReason::Aborted => EngineFinish::Failed("aborted".into()),
             };
@@ -327,6 +335,7 @@ impl Engine for EmbeddedEngine {
                 },
                 events: tx,
                 cancel: cancel.clone(),
+                capped: p.max_tokens > self.max_new_tokens,
             })
             .map_err(|_| {
                 EngineError::Unavailable("the embedded engine thread has stopped".into())
