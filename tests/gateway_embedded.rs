@@ -1,12 +1,23 @@
 //! `gyre gateway --engine embedded`: the gpu crate's engine (seeded
-//! weights, small config) answers both APIs, streamed token by token, and
-//! every call's record holds its sampled ids and log-probs, the second turn
-//! extending the first.
+//! weights, small config, the shipped BPE vocabulary) answers both APIs,
+//! streamed token by token, and every call's record holds its sampled ids
+//! and log-probs, the second turn extending the first and prefilling only
+//! what the first did not already compute (the engine's prefix cache, as
+//! the gateway's metrics count it).
 
 mod gateway;
 
 use gateway::*;
 use serde_json::{Value, json};
+
+/// A counter of the admin listener's Prometheus text.
+fn metric(g: &Gateway, name: &str) -> u64 {
+    let (s, text) = admin(g, "GET", "/metrics");
+    assert_eq!(s, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
 
 #[test]
 fn embedded_engine_answers_and_records() {
@@ -28,6 +39,11 @@ fn embedded_engine_answers_and_records() {
     );
     assert_eq!(s, 200, "{b}");
     let r: Value = serde_json::from_str(&b).unwrap();
+    let prefilled_first = metric(&g, "gyre_gateway_engine_prefilled_tokens_total");
+    assert_eq!(
+        metric(&g, "gyre_gateway_engine_prefix_reused_tokens_total"),
+        0
+    );
     let text = r["content"]
         .as_array()
         .unwrap()
@@ -45,6 +61,22 @@ fn embedded_engine_answers_and_records() {
     );
     assert_eq!(s, 200, "{b}");
     assert!(b.contains("event: message_stop"), "{b}");
+    // The second turn's KV: the first call's prompt and reply (all but its
+    // last sampled token, which was never fed) come from the prefix cache.
+    let records = trace(&g, &id);
+    let (first_in, first_out) = (
+        ids(&records[0]["input_ids"]).len() as u64,
+        ids(&records[0]["output_ids"]).len() as u64,
+    );
+    let second_in = ids(&records[1]["input_ids"]).len() as u64;
+    assert_eq!(prefilled_first, first_in);
+    let reused = metric(&g, "gyre_gateway_engine_prefix_reused_tokens_total");
+    assert_eq!(reused, first_in + first_out - 1);
+    assert_eq!(
+        metric(&g, "gyre_gateway_engine_prefilled_tokens_total") - prefilled_first,
+        second_in - reused,
+        "the second call prefills only its new suffix"
+    );
     let (s, b) = post(
         &g,
         "/v1/chat/completions",
@@ -69,7 +101,7 @@ fn embedded_engine_answers_and_records() {
         "/v1/messages",
         &key,
         &json!({"model": "m", "max_tokens": 5,
-        "messages": [{"role": "user", "content": "x".repeat(2000)}]}),
+        "messages": [{"role": "user", "content": "x ".repeat(2000)}]}),
     );
     assert_eq!(s, 400, "{b}");
     assert!(b.contains("prompt is too long"), "{b}");

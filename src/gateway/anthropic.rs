@@ -368,6 +368,7 @@ impl StreamWriter {
                 ));
                 self.index += 1;
             }
+            Delta::Token(_) => {}
         }
         out
     }

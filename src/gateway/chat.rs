@@ -1,11 +1,13 @@
 //! The gateway's API-neutral request: what the Anthropic and OpenAI front
 //! ends parse into and what rendering, history matching and recording use.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::engine::SamplingParams;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     System,
     User,
@@ -25,7 +27,7 @@ impl Role {
 }
 
 /// A tool call: `arguments` is JSON text.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -33,7 +35,8 @@ pub struct ToolCall {
 }
 
 /// One message, flattened to text the way HF chat templates take it.
-#[derive(Clone, Debug, PartialEq)]
+/// Serialised as the Responses store keeps conversations.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: Role,
     pub content: String,

@@ -1,16 +1,29 @@
 //! The embedded engine behind the gateway: the gpu crate's continuous-
 //! batching [`Engine`](gyre_gpu::engine::Engine) on a thread of its own,
 //! streaming each sampled token (with its log-prob under the serving
-//! weights) as the batch steps. Its tokeniser is the model's byte
-//! vocabulary as an HF tokenizer.json (byte b is id b, then the model's
-//! special tokens), and its template is the model's own chat format.
+//! weights) as the batch steps. Its tokeniser is the shipped byte-level
+//! BPE ([`super::bpe`]: bytes and the model's special tokens at the byte
+//! game's ids, then 7,928 merges), and its template is the model's own chat
+//! format.
+//!
+//! The default model is sized for a harness like Claude Code, whose every
+//! call carries 60–80 KB of system prompt and tool schemas (about 20K
+//! tokens of this vocabulary): a 32,768-token context, prompts prefilled in
+//! chunks of 1,024 tokens (attention memory stays at heads × 1,024 × context
+//! floats), outputs capped at 256 tokens (the cap ends the turn), and a
+//! prefix cache, so the next
+//! call of a conversation (its previous prompt, the reply, then what is
+//! new) prefills only what is new.
 //!
 //! `--engine embedded[=CONFIG.toml]`: the TOML may set `layers`, `heads`,
-//! `width`, `ffn`, `context`, `seed` and `max_running`; weights are the
-//! seeded initial ones (a trained checkpoint is not loaded yet).
+//! `width`, `ffn`, `context`, `seed`, `max_running`, `max_new_tokens`,
+//! `prefill_chunk` and `prefix_cache`; weights are the seeded initial ones
+//! (a trained checkpoint is not loaded yet).
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 
 use gyre_gpu::engine::{
@@ -22,22 +35,29 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, EngineError, EngineEvent, EngineFinish, GenerateRequest, Generation};
+use super::bpe::{SHIPPED, SHIPPED_VOCAB};
+use super::engine::{
+    Engine, EngineError, EngineEvent, EngineFinish, GenerateRequest, Generation, PrefillStats,
+};
 use super::render::Renderer;
 use super::template::ChatTemplate;
-use super::tokenizer::{Tokenizer, byte_tokenizer_json};
+use super::tokenizer::Tokenizer;
 
 /// The embedded model's chat format: `<|bos|>`, then per message its role
 /// marker, content and `<|end|>`; tool calls in hermes tags inside the
 /// assistant's content, tool results as `<|tool_result|>` turns.
 pub const EMBEDDED_TEMPLATE: &str = r#"<|bos|>
 {%- if tools %}<|system|>Tools:{% for tool in tools %}{{ "\n" }}{{ tool | tojson }}{% endfor %}
-{{ "\n" }}Call a tool as <tool_call>{"name": ..., "arguments": {...}}</tool_call><|end|>{% endif %}
+{{ "\n" }}Call a tool as <tool_call>
+{"name": ..., "arguments": {...}}
+</tool_call><|end|>{% endif %}
 {%- for m in messages %}
 {%- if m.role == 'system' %}<|system|>{{ m.content }}<|end|>
 {%- elif m.role == 'user' %}<|user|>{{ m.content }}<|end|>
 {%- elif m.role == 'assistant' %}<|assistant|>{{ m.content }}
-{%- for tc in m.tool_calls %}<tool_call>{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments if tc.function.arguments is string else tc.function.arguments | tojson }}}</tool_call>{% endfor %}<|end|>
+{%- for tc in m.tool_calls %}<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments if tc.function.arguments is string else tc.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|end|>
 {%- elif m.role == 'tool' %}<|tool_result|>{{ m.content }}<|end|>
 {%- endif %}
 {%- endfor %}
@@ -53,6 +73,56 @@ pub struct EmbeddedConfig {
     pub context: Option<usize>,
     pub seed: Option<u64>,
     pub max_running: Option<usize>,
+    /// Most output tokens of one call, whatever the request asks.
+    pub max_new_tokens: Option<u32>,
+    /// Prompt tokens computed per engine step.
+    pub prefill_chunk: Option<usize>,
+    /// Finished calls whose keys and values are kept for the next call.
+    pub prefix_cache: Option<usize>,
+}
+
+/// The gateway's default embedded model (see the module doc).
+pub const DEFAULT_CONTEXT: usize = 32_768;
+pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
+pub const DEFAULT_PREFILL_CHUNK: usize = 1024;
+pub const DEFAULT_PREFIX_CACHE: usize = 8;
+
+impl EmbeddedConfig {
+    /// The TOML at `path`, or the defaults.
+    pub fn read(path: Option<&Path>) -> Result<EmbeddedConfig, EmbeddedError> {
+        let Some(p) = path else {
+            return Ok(EmbeddedConfig::default());
+        };
+        let err = |message: String| EmbeddedError::Config {
+            path: p.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| err(e.to_string()))
+    }
+
+    /// The gpu crate's engine this configuration describes, with its
+    /// seeded initial weights.
+    pub fn engine(&self) -> Result<GpuEngine, EmbeddedError> {
+        let d = ModelConfig::default();
+        let model = ModelConfig {
+            vocab: SHIPPED_VOCAB,
+            layers: self.layers.unwrap_or(d.layers),
+            heads: self.heads.unwrap_or(d.heads),
+            width: self.width.unwrap_or(d.width),
+            ffn: self.ffn.unwrap_or(d.ffn),
+            context: self.context.unwrap_or(DEFAULT_CONTEXT),
+            ..d
+        };
+        let model_err = |e: &dyn std::fmt::Display| EmbeddedError::Model(e.to_string());
+        model.validate().map_err(|e| model_err(&e))?;
+        let params =
+            ParamBuffer::init(&model, self.seed.unwrap_or(0)).map_err(|e| model_err(&e))?;
+        let mut cfg = EngineConfig::for_model(model, self.max_running.unwrap_or(2).max(1));
+        cfg.max_batch_tokens = self.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK).max(1);
+        cfg.prefix_cache = self.prefix_cache.unwrap_or(DEFAULT_PREFIX_CACHE);
+        GpuEngine::new(cfg, &params).map_err(|e| model_err(&e))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,10 +135,8 @@ pub enum EmbeddedError {
 
 /// The renderer matching the embedded model's vocabulary and format.
 pub fn renderer() -> Result<Renderer, EmbeddedError> {
-    let specials: Vec<&str> = Special::ALL.iter().map(|s| s.text()).collect();
-    let json = byte_tokenizer_json(&specials).to_string();
     let end = Special::EndTurn.text();
-    let tokenizer = Tokenizer::from_json(&json, end, "embedded")
+    let tokenizer = Tokenizer::from_json(SHIPPED, end, "the shipped embedded tokenizer")
         .map_err(|e| EmbeddedError::Model(e.to_string()))?;
     let template = ChatTemplate::new(EMBEDDED_TEMPLATE, Special::Bos.text(), end)
         .map_err(|e| EmbeddedError::Model(e.to_string()))?;
@@ -82,18 +150,32 @@ struct Job {
     request: Request,
     events: mpsc::Sender<EngineEvent>,
     cancel: CancellationToken,
+    /// The engine's own output cap, not the client's max_tokens, bounds
+    /// this call: reaching it ends the turn (a client asking 64,000
+    /// tokens is not told its limit was hit).
+    capped: bool,
 }
 
 pub struct EmbeddedEngine {
     jobs: std_mpsc::Sender<Job>,
     context: usize,
     version: u64,
+    max_new_tokens: u32,
+    stats: Arc<Counters>,
+}
+
+/// The engine thread's prefill counters, read by the gateway's metrics.
+#[derive(Default)]
+struct Counters {
+    prefilled: AtomicU64,
+    reused: AtomicU64,
 }
 
 struct Live {
     events: mpsc::Sender<EngineEvent>,
     cancel: CancellationToken,
     sent: usize,
+    capped: bool,
 }
 
 /// Sends newly sampled tokens of every live request; drops cancelled ones.
@@ -120,7 +202,7 @@ fn stream_progress(engine: &mut GpuEngine, live: &mut HashMap<ReqId, Live>) {
     }
 }
 
-fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>) {
+fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>, stats: Arc<Counters>) {
     let mut live: HashMap<ReqId, Live> = HashMap::new();
     loop {
         let next = if engine.is_idle() {
@@ -139,6 +221,7 @@ fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>) {
                         Live {
                             events: job.events,
                             cancel: job.cancel,
+                            capped: job.capped,
                             sent: 0,
                         },
                     );
@@ -163,6 +246,10 @@ fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>) {
                 continue;
             }
         };
+        // Before any finish is sent: a client that saw its answer sees its counts.
+        let load = engine.load();
+        stats.prefilled.store(load.prefilled, Ordering::Relaxed);
+        stats.reused.store(load.prefix_reused, Ordering::Relaxed);
         stream_progress(&mut engine, &mut live);
         for c in done {
             let Some(l) = live.remove(&c.id) else {
@@ -176,6 +263,7 @@ fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>) {
             }
             let finish = match c.finish {
                 FinishReason::Stop => EngineFinish::EndOfTurn,
+                FinishReason::Length if l.capped => EngineFinish::EndOfTurn,
                 FinishReason::Length => EngineFinish::Length,
                 FinishReason::Aborted => EngineFinish::Failed("aborted".into()),
             };
@@ -186,46 +274,23 @@ fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>) {
 
 impl EmbeddedEngine {
     pub fn start(config: Option<&Path>) -> Result<EmbeddedEngine, EmbeddedError> {
-        let cfg: EmbeddedConfig = match config {
-            None => EmbeddedConfig::default(),
-            Some(p) => {
-                let err = |message: String| EmbeddedError::Config {
-                    path: p.display().to_string(),
-                    message,
-                };
-                let text = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
-                toml::from_str(&text).map_err(|e| err(e.to_string()))?
-            }
-        };
-        let d = ModelConfig::default();
-        let model = ModelConfig {
-            vocab: d.vocab,
-            layers: cfg.layers.unwrap_or(d.layers),
-            heads: cfg.heads.unwrap_or(d.heads),
-            width: cfg.width.unwrap_or(d.width),
-            ffn: cfg.ffn.unwrap_or(d.ffn),
-            context: cfg.context.unwrap_or(4096),
-            ..d
-        };
-        model
-            .validate()
-            .map_err(|e| EmbeddedError::Model(e.to_string()))?;
-        let params = ParamBuffer::init(&model, cfg.seed.unwrap_or(0))
-            .map_err(|e| EmbeddedError::Model(e.to_string()))?;
-        let context = model.context;
-        let engine_cfg = EngineConfig::for_model(model, cfg.max_running.unwrap_or(4).max(1));
-        let engine =
-            GpuEngine::new(engine_cfg, &params).map_err(|e| EmbeddedError::Model(e.to_string()))?;
+        let cfg = EmbeddedConfig::read(config)?;
+        let engine = cfg.engine()?;
+        let context = engine.config().model.context;
         let version = engine.version();
         let (tx, rx) = std_mpsc::channel();
+        let stats = Arc::new(Counters::default());
+        let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("gateway-embedded-engine".into())
-            .spawn(move || serve(engine, rx))
+            .spawn(move || serve(engine, rx, thread_stats))
             .map_err(|e| EmbeddedError::Model(format!("engine thread: {e}")))?;
         Ok(EmbeddedEngine {
             jobs: tx,
             context,
             version,
+            max_new_tokens: cfg.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS).max(1),
+            stats,
         })
     }
 }
@@ -243,17 +308,24 @@ impl Engine for EmbeddedEngine {
         self.context
     }
 
+    fn prefill_stats(&self) -> Option<PrefillStats> {
+        Some(PrefillStats {
+            prefilled: self.stats.prefilled.load(Ordering::Relaxed),
+            reused: self.stats.reused.load(Ordering::Relaxed),
+        })
+    }
+
     fn start(&self, request: GenerateRequest) -> Result<Generation, EngineError> {
         let p = &request.params;
         let params = GpuParams {
             temperature: p.temperature.unwrap_or(1.0),
             top_p: p.top_p.unwrap_or(1.0),
-            max_new_tokens: p.max_tokens,
+            max_new_tokens: p.max_tokens.min(self.max_new_tokens),
             stop_tokens: vec![Special::EndTurn.id(), Special::Eos.id()],
             seed: p.seed.unwrap_or(request.call_index),
         };
         // Capacity for a whole output: the engine thread never blocks.
-        let (tx, rx) = mpsc::channel(p.max_tokens as usize + 2);
+        let (tx, rx) = mpsc::channel(p.max_tokens.min(self.max_new_tokens) as usize + 2);
         let cancel = CancellationToken::new();
         self.jobs
             .send(Job {
@@ -263,6 +335,7 @@ impl Engine for EmbeddedEngine {
                 },
                 events: tx,
                 cancel: cancel.clone(),
+                capped: p.max_tokens > self.max_new_tokens,
             })
             .map_err(|_| {
                 EngineError::Unavailable("the embedded engine thread has stopped".into())

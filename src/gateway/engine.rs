@@ -86,4 +86,16 @@ pub trait Engine: Send + Sync + 'static {
     fn context_window(&self) -> usize;
     /// Starts generating; tokens arrive as the engine produces them.
     fn start(&self, request: GenerateRequest) -> Result<Generation, EngineError>;
+    /// Prompt tokens the engine computed vs took from its prefix cache,
+    /// for engines that keep one.
+    fn prefill_stats(&self) -> Option<PrefillStats> {
+        None
+    }
+}
+
+/// Totals since the engine started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillStats {
+    pub prefilled: u64,
+    pub reused: u64,
 }

@@ -210,7 +210,10 @@ impl Spec {
             Spec::Chat(opts) => {
                 let id = format!("chatcmpl-{short}-{call_index}");
                 (
-                    Front::Chat(openai::ChunkWriter::new(&id, &model, created), opts),
+                    Front::Chat(
+                        openai::ChunkWriter::new(&id, &model, created, opts.logprobs),
+                        opts,
+                    ),
                     id,
                     None,
                 )
@@ -256,11 +259,20 @@ fn final_body(gw: &Gateway, api: Api, front: &Front, info: &CallInfo, o: &turn::
     }
 }
 
-/// Keeps a Responses conversation for `previous_response_id`.
-fn remember(gw: &Gateway, execution: &str, info: &mut CallInfo, o: &turn::Outcome) {
-    if let Some(mut conversation) = info.store.take() {
-        conversation.push(o.reply.clone());
-        gw.store_response(execution, info.id.clone(), conversation);
+/// Keeps a Responses conversation for `previous_response_id` (durable
+/// before the response's last byte, like the call's record).
+fn remember(
+    gw: &Gateway,
+    execution: &str,
+    info: &mut CallInfo,
+    o: &turn::Outcome,
+) -> Result<(), CallError> {
+    match info.store.take() {
+        Some(mut conversation) => {
+            conversation.push(o.reply.clone());
+            gw.store_response(execution, info.id.clone(), conversation)
+        }
+        None => Ok(()),
     }
 }
 
@@ -299,7 +311,9 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
         if let Err(e) = turn::commit(&gw, p, &outcome).await {
             return error_response(&gw, api, &e);
         }
-        remember(&gw, &execution, &mut info, &outcome);
+        if let Err(e) = remember(&gw, &execution, &mut info, &outcome) {
+            return error_response(&gw, api, &e);
+        }
         return json_response(200, &final_body(&gw, api, &front, &info, &outcome));
     }
     let (tx, rx) = mpsc::channel::<Bytes>(64);
@@ -322,11 +336,9 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
             Ok(o) => turn::commit(&gw2, p, &o).await.map(|_| o),
             Err(e) => Err(e),
         };
+        let result = result.and_then(|o| remember(&gw2, &execution, &mut info, &o).map(|_| o));
         let last = match result {
-            Ok(o) => {
-                remember(&gw2, &execution, &mut info, &o);
-                front.finish(&o)
-            }
+            Ok(o) => front.finish(&o),
             Err(e) => {
                 gw2.metrics.errors.fetch_add(1, Ordering::Relaxed);
                 front.error(&e)

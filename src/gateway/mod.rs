@@ -18,7 +18,9 @@
 
 pub mod anthropic;
 pub mod bench;
+pub mod bpe;
 pub mod chat;
+pub mod choice;
 pub mod embedded;
 pub mod engine;
 pub mod execution;

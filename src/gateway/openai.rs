@@ -10,7 +10,7 @@ use super::engine::SamplingParams;
 use super::fields::*;
 use super::service::CallError;
 use super::tokenizer::Tokenizer;
-use super::turn::{Delta, Outcome, Stop};
+use super::turn::{Delta, Outcome, SampledToken, Stop};
 
 /// OpenAI's status for an error (its clients retry 429 and 5xx).
 pub fn status(e: &CallError) -> u16 {
@@ -247,15 +247,16 @@ fn calls_json(calls: &[ToolCall]) -> Vec<Value> {
         .collect()
 }
 
+fn token_json(text: &str, logprob: f32) -> Value {
+    json!({"token": text, "logprob": logprob, "bytes": text.as_bytes(), "top_logprobs": []})
+}
+
 fn logprobs_json(tok: &Tokenizer, o: &Outcome) -> Value {
     let content: Vec<Value> = o
         .output_ids
         .iter()
         .zip(&o.output_logprobs)
-        .map(|(&id, &lp)| {
-            let t = tok.decode(&[id]);
-            json!({"token": t, "logprob": lp, "bytes": t.as_bytes(), "top_logprobs": []})
-        })
+        .map(|(&id, &lp)| token_json(&tok.decode(&[id]), lp))
         .collect();
     json!({"content": content})
 }
@@ -291,37 +292,59 @@ pub fn data(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
+/// Streamed chunks. With `logprobs`, each chunk carries the log-probs of
+/// the tokens sampled since the previous chunk (the finish chunk those
+/// left, such as the end-of-turn token), so a stream's log-probs are
+/// exactly the output's, as in the non-streamed response.
 pub struct ChunkWriter {
     id: String,
     model: String,
     created: u64,
     calls: usize,
+    logprobs: Option<Vec<SampledToken>>,
 }
 
 impl ChunkWriter {
-    pub fn new(id: &str, model: &str, created: u64) -> ChunkWriter {
+    pub fn new(id: &str, model: &str, created: u64, logprobs: bool) -> ChunkWriter {
         ChunkWriter {
             id: id.to_string(),
             model: model.to_string(),
             created,
             calls: 0,
+            logprobs: logprobs.then(Vec::new),
         }
     }
 
-    pub fn start(&self) -> Vec<Bytes> {
+    pub fn start(&mut self) -> Vec<Bytes> {
         vec![self.chunk(json!({"role": "assistant", "content": ""}), Value::Null)]
     }
 
-    fn chunk(&self, delta: Value, finish: Value) -> Bytes {
+    fn chunk(&mut self, delta: Value, finish: Value) -> Bytes {
+        let logprobs = match &mut self.logprobs {
+            Some(pending) => {
+                let content: Vec<Value> = pending
+                    .drain(..)
+                    .map(|t| token_json(&t.text, t.logprob))
+                    .collect();
+                json!({"content": content})
+            }
+            None => Value::Null,
+        };
         data(
             &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]}),
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}),
         )
     }
 
     pub fn delta(&mut self, d: &Delta) -> Vec<Bytes> {
         let delta = match d {
+            Delta::Token(t) => {
+                if let Some(pending) = &mut self.logprobs {
+                    pending.push(t.clone());
+                }
+                return Vec::new();
+            }
             Delta::Text(t) => json!({"content": t}),
             Delta::Thinking(t) => json!({"reasoning_content": t}),
             Delta::Call(c) => {
@@ -333,7 +356,7 @@ impl ChunkWriter {
         vec![self.chunk(delta, Value::Null)]
     }
 
-    pub fn finish(&self, o: &Outcome, include_usage: bool) -> Vec<Bytes> {
+    pub fn finish(&mut self, o: &Outcome, include_usage: bool) -> Vec<Bytes> {
         let mut out = vec![self.chunk(json!({}), json!(finish_reason(&o.stop)))];
         if include_usage {
             out.push(data(

@@ -286,6 +286,7 @@ impl EventWriter {
         let mut out = Vec::new();
         match d {
             Delta::Thinking(t) => self.thinking.push_str(t),
+            Delta::Token(_) => {}
             Delta::Text(t) => {
                 self.flush_thinking(&mut out);
                 let (i, item_id) = (self.index, format!("msg_{}", self.id));

@@ -109,6 +109,9 @@ pub struct Prepared {
     pub params: SamplingParams,
     pub request_hash: u64,
     pub start_ns: u64,
+    /// Text the proxy wrote at the start of the assistant's turn (its ids
+    /// end `prompt`): a tool call's opening forced by `tool_choice`.
+    pub forced: String,
 }
 
 /// What the engine produced for a call, as it will be recorded.
@@ -150,6 +153,11 @@ impl Gateway {
         for (id, call) in &loaded.calls {
             if let Some(e) = executions.get_mut(id) {
                 e.apply(call);
+            }
+        }
+        for (exec, id, conversation) in loaded.responses {
+            if let Some(e) = executions.get_mut(&exec) {
+                e.responses.insert(id, conversation);
             }
         }
         let executions = executions
@@ -272,10 +280,30 @@ impl Gateway {
                 output_ids: &rec.output_ids,
                 matched,
             });
-        let prompt = self
+        let enforced = super::choice::enforce(
+            &req.tool_choice,
+            &req.tools,
+            &self.renderer.template,
+            self.config.tool_format,
+        )?;
+        let tools = if enforced.hide_tools {
+            &[]
+        } else {
+            &req.tools[..]
+        };
+        let mut prompt = self
             .renderer
-            .prompt(&messages, &req.tools, prior)
+            .prompt(&messages, tools, prior)
             .map_err(|err| CallError::InvalidRequest(err.to_string()))?;
+        if !enforced.forced.is_empty() {
+            let forced = self
+                .renderer
+                .tokenizer
+                .encode(&enforced.forced)
+                .map_err(|err| CallError::Internal(err.to_string()))?;
+            prompt.tokenized += forced.len();
+            prompt.ids.extend(forced);
+        }
         let window = self.engine.context_window();
         if prompt.ids.len() >= window {
             return Err(CallError::InvalidRequest(format!(
@@ -305,6 +333,7 @@ impl Gateway {
             params,
             request_hash: hashes.last().copied().unwrap_or_else(chain_start),
             start_ns,
+            forced: enforced.forced,
         })
     }
 
@@ -377,10 +406,21 @@ impl Gateway {
         })
     }
 
-    pub fn store_response(&self, execution: &str, id: String, conversation: Vec<Message>) {
-        if let Some(exec) = self.execution(execution) {
-            lock(&exec).responses.insert(id, conversation);
-        }
+    /// Keeps a Responses conversation, durably, for `previous_response_id`.
+    pub fn store_response(
+        &self,
+        execution: &str,
+        id: String,
+        conversation: Vec<Message>,
+    ) -> Result<(), CallError> {
+        let exec = self
+            .execution(execution)
+            .ok_or_else(|| CallError::NotFound(format!("no execution {execution}")))?;
+        self.store
+            .put_response(execution, &id, &conversation)
+            .map_err(|e| CallError::Internal(e.to_string()))?;
+        lock(&exec).responses.insert(id, conversation);
+        Ok(())
     }
 
     /// The execution's records as `gyre trace` JSONL.
@@ -405,6 +445,7 @@ impl Gateway {
         let open = executions.iter().filter(|(e, _)| !e.closed).count();
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut out = String::new();
+        let prefill = self.engine.prefill_stats();
         for (name, help, value) in [
             (
                 "gyre_gateway_requests_total",
@@ -465,6 +506,24 @@ impl Gateway {
             out.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
             ));
+        }
+        if let Some(p) = prefill {
+            for (name, help, value) in [
+                (
+                    "gyre_gateway_engine_prefilled_tokens_total",
+                    "prompt tokens the engine computed",
+                    p.prefilled,
+                ),
+                (
+                    "gyre_gateway_engine_prefix_reused_tokens_total",
+                    "prompt tokens whose KV the engine reused from an earlier call",
+                    p.reused,
+                ),
+            ] {
+                out.push_str(&format!(
+                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
+                ));
+            }
         }
         out
     }

@@ -1,4 +1,6 @@
-//! Durable state in redb: executions and committed calls. A call is
+//! Durable state in redb: executions, committed calls and the Responses
+//! API's stored conversations (`store: true`, found again by
+//! `previous_response_id` after a restart). A call is
 //! committed (fsynced) before the last byte of its response leaves, so an
 //! answered call survives kill -9; a call cut off before its commit leaves
 //! nothing. On start the gateway reads everything back in commit order.
@@ -16,12 +18,16 @@ use tokio::sync::oneshot;
 
 use redb::{Database, ReadableTable, TableDefinition};
 
+use super::chat::Message;
 use super::execution::{ExecutionMeta, StoredCall};
 
 const EXECUTIONS: TableDefinition<&str, &str> = TableDefinition::new("executions");
 /// (execution, commit sequence) → StoredCall JSON; the sequence is global,
 /// so it orders calls within each execution.
 const CALLS: TableDefinition<(&str, u64), &str> = TableDefinition::new("calls");
+/// (execution, response id) → the conversation as JSON messages (its
+/// input then the reply), what a later `previous_response_id` continues.
+const RESPONSES: TableDefinition<(&str, &str), &str> = TableDefinition::new("responses");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -46,6 +52,8 @@ pub struct Loaded {
     pub calls: Vec<(String, StoredCall)>,
     /// One past the highest commit sequence stored.
     pub next_seq: u64,
+    /// (execution, response id, conversation) of stored Responses.
+    pub responses: Vec<(String, String, Vec<Message>)>,
 }
 
 impl Store {
@@ -68,6 +76,7 @@ impl Store {
         let tx = database.begin_write().map_err(db)?;
         tx.open_table(EXECUTIONS).map_err(db)?;
         tx.open_table(CALLS).map_err(db)?;
+        tx.open_table(RESPONSES).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(Store { db: database })
     }
@@ -78,6 +87,22 @@ impl Store {
         tx.open_table(EXECUTIONS)
             .map_err(db)?
             .insert(meta.id.as_str(), json.as_str())
+            .map_err(db)?;
+        tx.commit().map_err(db)
+    }
+
+    /// Keeps a Responses conversation durably (fsynced on return).
+    pub fn put_response(
+        &self,
+        execution: &str,
+        id: &str,
+        conversation: &[Message],
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_string(conversation)?;
+        let tx = self.db.begin_write().map_err(db)?;
+        tx.open_table(RESPONSES)
+            .map_err(db)?
+            .insert((execution, id), json.as_str())
             .map_err(db)?;
         tx.commit().map_err(db)
     }
@@ -114,10 +139,21 @@ impl Store {
         }
         calls.sort_by_key(|(seq, _, _)| *seq);
         let calls = calls.into_iter().map(|(_, e, c)| (e, c)).collect();
+        let mut responses = Vec::new();
+        for row in tx.open_table(RESPONSES).map_err(db)?.iter().map_err(db)? {
+            let (k, v) = row.map_err(db)?;
+            let (exec, id) = k.value();
+            responses.push((
+                exec.to_string(),
+                id.to_string(),
+                serde_json::from_str(v.value())?,
+            ));
+        }
         Ok(Loaded {
             executions,
             calls,
             next_seq,
+            responses,
         })
     }
 }

@@ -42,7 +42,7 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 /// GPT-2's byte to printable-character map, which byte-level BPE vocabularies use.
-fn byte_chars() -> Vec<char> {
+pub(crate) fn byte_chars() -> Vec<char> {
     let printable: Vec<u32> = (b'!' as u32..=b'~' as u32)
         .chain(0xA1..=0xAC)
         .chain(0xAE..=0xFF)

@@ -18,6 +18,17 @@ pub enum Delta {
     Thinking(String),
     Text(String),
     Call(ToolCall),
+    /// An output token as sampled, sent before the text it decodes to (for
+    /// streamed log-probs; fronts without them ignore it).
+    Token(SampledToken),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledToken {
+    pub id: u32,
+    pub logprob: f32,
+    /// The token's own text (lossy for a partial character).
+    pub text: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -202,6 +213,8 @@ pub async fn run(
         pending: String::new(),
     };
     let mut parser = OutputParser::new(gw.config.tool_format);
+    // A forced call opening (tool_choice) is read before the model's text.
+    let _ = parser.push(&p.forced);
     let mut reply = Reply {
         text: String::new(),
         thinking: String::new(),
@@ -222,6 +235,12 @@ pub async fn run(
             Some(EngineEvent::Token { id, logprob }) => {
                 ids.push(id);
                 logprobs.push(logprob.min(0.0));
+                let token = SampledToken {
+                    id,
+                    logprob: logprob.min(0.0),
+                    text: gw.renderer.tokenizer.decode(&[id]),
+                };
+                send(vec![Delta::Token(token)], frames, out).await?;
                 if id == eos {
                     continue;
                 }

@@ -51,6 +51,12 @@ pub struct Load {
     pub pins: usize,
     /// Output tokens sampled since start.
     pub generated: u64,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub prefix_reused: u64,
+    /// Prompt tokens computed at admission.
+    pub prefilled: u64,
+    /// Finished requests kept in the prefix cache.
+    pub prefix_entries: usize,
 }
 
 impl Engine {
@@ -72,6 +78,9 @@ impl Engine {
         self.idle_or_busy()?;
         if tags.contains(&MemTag::KvCache) && !self.pins.is_empty() {
             return Err(EngineError::PinsHeld(self.pins.len()));
+        }
+        if tags.contains(&MemTag::KvCache) {
+            self.clear_prefixes();
         }
         let mut freed = 0;
         for &t in tags {
@@ -117,6 +126,7 @@ impl Engine {
         self.memory.write(Tag::RolloutWeights, 0, &params.data)?;
         self.weights = Some(Weights::from_flat(&self.cfg.model, &params.data)?);
         self.version = params.version;
+        self.clear_prefixes();
         for seq in self.running.values_mut() {
             seq.cached = 0;
         }
@@ -159,6 +169,9 @@ impl Engine {
             kv_blocks_pinned: self.pins.values().map(|p| p.blocks.len()).sum(),
             pins: self.pins.len(),
             generated: self.generated,
+            prefix_reused: self.prefix_reused,
+            prefilled: self.prefilled,
+            prefix_entries: self.prefixes.len(),
         }
     }
 

@@ -17,6 +17,7 @@ mod error;
 pub mod kv;
 mod lifecycle;
 mod migrate;
+mod prefix;
 pub mod request;
 pub mod sampler;
 
@@ -43,6 +44,9 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// Tokens per iteration (prompts are chunked to fit).
     pub max_batch_tokens: usize,
+    /// Finished requests whose keys and values are kept for later requests
+    /// that start with the same tokens (0: off; see `prefix.rs`).
+    pub prefix_cache: usize,
 }
 
 impl EngineConfig {
@@ -56,6 +60,7 @@ impl EngineConfig {
             block_size,
             kv_blocks,
             max_running,
+            prefix_cache: 0,
         }
     }
 
@@ -118,6 +123,12 @@ pub struct Engine {
     next_id: u64,
     next_pin: u64,
     generated: u64,
+    prefixes: Vec<prefix::CachedPrefix>,
+    next_prefix: u64,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    prefix_reused: u64,
+    /// Prompt tokens computed at admission (not cached, not imported).
+    prefilled: u64,
 }
 
 /// A summary: the state worth logging, not the caches.
@@ -162,6 +173,10 @@ impl Engine {
             next_id: 1,
             next_pin: 1,
             generated: 0,
+            prefixes: Vec::new(),
+            next_prefix: 0,
+            prefix_reused: 0,
+            prefilled: 0,
         })
     }
 
@@ -284,10 +299,11 @@ impl Engine {
                 break;
             };
             let need = geo.blocks_for(front.prompt_len + front.budget);
-            let Some(blocks) = self.pool.allocate(need) else {
+            let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            let Some(mut seq) = self.waiting.pop_front() else {
+            let Some(blocks) = self.blocks_with_prefix(&mut seq, need)? else {
+                self.waiting.push_front(seq);
                 break;
             };
             seq.blocks = blocks;
@@ -308,6 +324,7 @@ impl Engine {
                 }
                 seq.cached = n;
             }
+            self.prefilled += (seq.tokens.len() - seq.cached) as u64;
             self.running.insert(seq.id, seq);
         }
         Ok(())
@@ -420,7 +437,7 @@ impl Engine {
 
     fn finish(&mut self, id: ReqId, f: FinishReason) -> Option<Completion> {
         let seq = self.running.remove(&id)?;
-        self.pool.release(&seq.blocks);
+        self.retire(&seq);
         Some(seq.completion(f, self.version))
     }
 
