@@ -15,3 +15,4 @@ pub mod backends;
 pub mod cli;
 pub mod embedded;
 pub mod gateway;
+pub mod harness;
