@@ -143,7 +143,30 @@ async fn sweep_group(pgid: Pid) -> bool {
     found
 }
 
-/// Runs `spec` to its end, a timeout, or `cancel`.
+/// Kills the group if the future running it is dropped (an abort by
+/// drop): SIGKILL now, the sweep on the runtime if there is one.
+struct GroupGuard {
+    pgid: Pid,
+    armed: bool,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let pgid = self.pgid;
+            rt.spawn(async move {
+                sweep_group(pgid).await;
+            });
+        }
+    }
+}
+
+/// Runs `spec` to its end, a timeout, or `cancel`. Dropping the future
+/// kills the group too.
 pub async fn run(spec: &ProcessSpec, cancel: &CancellationToken) -> ProcessRun {
     become_subreaper();
     let started = Instant::now();
@@ -191,6 +214,7 @@ pub async fn run(spec: &ProcessSpec, cancel: &CancellationToken) -> ProcessRun {
         return cannot(format!("{program}: exited before it could be tracked"));
     };
     let pgid = Pid::from_raw(pid as i32);
+    let mut guard = GroupGuard { pgid, armed: true };
     let end = tokio::select! {
         status = child.wait() => match status {
             Ok(s) => {
@@ -209,6 +233,7 @@ pub async fn run(spec: &ProcessSpec, cancel: &CancellationToken) -> ProcessRun {
         }
     };
     let stragglers_killed = sweep_group(pgid).await;
+    guard.armed = false;
     ProcessRun {
         end,
         spawn,
@@ -239,6 +264,15 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    /// The pid a test script wrote to `bg.pid`.
+    fn background_pid(d: &std::path::Path) -> i32 {
+        std::fs::read_to_string(d.join("bg.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
     }
 
     fn rt() -> tokio::runtime::Runtime {
@@ -296,11 +330,7 @@ mod tests {
             &CancellationToken::new(),
         ));
         assert_eq!(r.end, ProcessEnd::TimedOut);
-        let bg: i32 = std::fs::read_to_string(d.join("bg.pid"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let bg = background_pid(&d);
         assert_eq!(
             kill(Pid::from_raw(bg), None),
             Err(Errno::ESRCH),
@@ -324,6 +354,26 @@ mod tests {
     }
 
     #[test]
+    fn dropping_the_run_kills_the_group() {
+        let d = temp("drop");
+        let rt = rt();
+        rt.block_on(async {
+            let s = spec(
+                &d,
+                &["/bin/sh", "-c", "sleep 300 & echo $! > bg.pid; sleep 300"],
+                60_000,
+            );
+            let c = CancellationToken::new();
+            let run = run(&s, &c);
+            let _ = tokio::time::timeout(Duration::from_millis(300), run).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+        let bg = background_pid(&d);
+        assert_eq!(kill(Pid::from_raw(bg), None), Err(Errno::ESRCH));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn background_stragglers_are_killed_after_a_normal_exit() {
         let d = temp("straggler");
         let r = rt().block_on(run(
@@ -342,11 +392,7 @@ mod tests {
             }
         );
         assert!(r.stragglers_killed);
-        let bg: i32 = std::fs::read_to_string(d.join("bg.pid"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let bg = background_pid(&d);
         assert_eq!(kill(Pid::from_raw(bg), None), Err(Errno::ESRCH));
         std::fs::remove_dir_all(&d).unwrap();
     }

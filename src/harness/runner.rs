@@ -88,6 +88,7 @@ impl RunnerConfig {
                 prefix: job.sandbox.prefix.clone(),
                 bwrap_args: job.sandbox.bwrap_args.clone(),
                 masked: vec![tasks_dir, work_root.clone(), log_dir.clone()],
+                visible: vec![job_dir.clone()],
             },
             limits: job.sandbox.limits.clone(),
             log_dir,
@@ -109,8 +110,23 @@ pub struct ExecutionRequest {
     /// What is left of the execution's overall budget.
     pub overall: Duration,
     /// Credentials made by the caller; `None` opens the execution at the
-    /// runner's gateway.
+    /// runner's gateway (and closes it at the end).
     pub credentials: Option<Credentials>,
+    /// Where the workspace goes, when the caller has a place for it
+    /// (default `<work_root>/<label>/workspace`).
+    pub workspace: Option<PathBuf>,
+}
+
+/// Removes HOME and TMPDIR if the run's future is dropped (an abort by
+/// drop); the process group has its own guard.
+struct ScratchGuard(Option<ExecDirs>);
+
+impl Drop for ScratchGuard {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = d.remove_scratch();
+        }
+    }
 }
 
 /// How a run ended, in the runner's terms.
@@ -280,6 +296,7 @@ impl HarnessRunner {
         timings.queued = t0.elapsed();
 
         let t = Instant::now();
+        let opened_here = req.credentials.is_none();
         let creds = match (req.credentials.clone(), &self.gateway) {
             (Some(c), _) => c,
             (None, Some(gw)) => {
@@ -295,28 +312,30 @@ impl HarnessRunner {
         timings.gateway = t.elapsed();
 
         let t = Instant::now();
-        let (root, label, seed, prompt) = (
+        let (root, label, seed, prompt, at) = (
             self.cfg.work_root.clone(),
             req.label.clone(),
             req.task.workspace.clone(),
             req.task.prompt.clone(),
+            req.workspace.clone(),
         );
         let made = tokio::task::spawn_blocking(move || {
-            ExecDirs::create(&root, &label, seed.as_deref(), &prompt)
+            ExecDirs::create_at(&root, &label, at.as_deref(), seed.as_deref(), &prompt)
         })
         .await;
         let dirs = match made {
             Ok(Ok(d)) => d,
             Ok(Err(e)) => {
-                self.close(&creds).await;
+                self.close(&creds, opened_here).await;
                 return self.fail(run, &format!("cannot make the workspace: {e}"));
             }
             Err(e) => {
-                self.close(&creds).await;
+                self.close(&creds, opened_here).await;
                 return self.fail(run, &format!("cannot make the workspace: {e}"));
             }
         };
         timings.workspace = t.elapsed();
+        let mut scratch_guard = ScratchGuard(Some(dirs.clone()));
 
         let ws = dirs.workspace.to_string_lossy().into_owned();
         let pf = dirs.prompt_file.to_string_lossy().into_owned();
@@ -375,6 +394,7 @@ impl HarnessRunner {
         };
 
         let t = Instant::now();
+        scratch_guard.0 = None;
         let scratch = dirs.clone();
         let keep = run.outcome.scorable();
         let _ = tokio::task::spawn_blocking(move || {
@@ -385,7 +405,7 @@ impl HarnessRunner {
             r
         })
         .await;
-        self.close(&creds).await;
+        self.close(&creds, opened_here).await;
         timings.teardown = t.elapsed();
         run.timings = timings;
         if keep {
@@ -395,7 +415,10 @@ impl HarnessRunner {
         run
     }
 
-    async fn close(&self, creds: &Credentials) {
+    async fn close(&self, creds: &Credentials, opened_here: bool) {
+        if !opened_here {
+            return;
+        }
         if let Some(gw) = &self.gateway
             && let Err(e) = gw.close(creds.execution.clone()).await
         {

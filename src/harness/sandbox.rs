@@ -29,6 +29,9 @@ pub struct SandboxPlan {
     pub bwrap_args: Vec<String>,
     /// Covered inside bwrap (the task set, the work root, the log dir).
     pub masked: Vec<PathBuf>,
+    /// Read-only and visible inside bwrap even under /tmp (the job's
+    /// folder, where its scripts are).
+    pub visible: Vec<PathBuf>,
 }
 
 /// Extra read-only paths a sandboxed command needs (the evaluator's hidden/).
@@ -51,6 +54,7 @@ impl SandboxPlan {
             prefix: Vec::new(),
             bwrap_args: Vec::new(),
             masked: Vec::new(),
+            visible: Vec::new(),
         }
     }
 
@@ -94,9 +98,17 @@ impl SandboxPlan {
                 if self.network == NetworkMode::None {
                     a.push("--unshare-net".into());
                 }
+                for v in &self.visible {
+                    if v.starts_with("/tmp") && v.exists() {
+                        a.extend(["--ro-bind".into(), s(v), s(v)]);
+                    }
+                }
                 for m in &self.masked {
-                    // Under /tmp it is already hidden by the fresh /tmp.
-                    if !m.starts_with("/tmp") && m.exists() {
+                    // Under /tmp it is already hidden by the fresh /tmp,
+                    // unless a visible folder brought it back.
+                    let shown =
+                        !m.starts_with("/tmp") || self.visible.iter().any(|v| m.starts_with(v));
+                    if shown && m.exists() {
                         a.extend(["--tmpfs".into(), s(m)]);
                     }
                 }

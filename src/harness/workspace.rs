@@ -32,12 +32,26 @@ impl ExecDirs {
         seed: Option<&Path>,
         prompt: &str,
     ) -> std::io::Result<ExecDirs> {
+        Self::create_at(work_root, label, None, seed, prompt)
+    }
+
+    /// Like [`ExecDirs::create`], with the workspace at `workspace` (a
+    /// caller's own place for it, e.g. the gateway front's) when given.
+    pub fn create_at(
+        work_root: &Path,
+        label: &str,
+        workspace: Option<&Path>,
+        seed: Option<&Path>,
+        prompt: &str,
+    ) -> std::io::Result<ExecDirs> {
         let root = work_root.join(label);
         if root.exists() {
             std::fs::remove_dir_all(&root)?;
         }
         let dirs = ExecDirs {
-            workspace: root.join("workspace"),
+            workspace: workspace
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| root.join("workspace")),
             home: root.join("home"),
             tmp: root.join("tmp"),
             prompt_file: root.join("prompt.md"),
