@@ -12,10 +12,12 @@
 //! - [`access`]: opening and closing executions at the gateway.
 //! - [`runner`]: one harness execution end to end; [`evaluator`]: one
 //!   evaluator attempt, the verdict and its binding.
+//! - [`bench`]: the measurements of `gyre bench harness`.
 //! - [`launcher`]: the traits and I/O requests the scheduling plane's
 //!   backend actors use; [`placeholders`]: `{workspace}` and friends.
 
 pub mod access;
+pub mod bench;
 pub mod duration;
 pub mod evaluator;
 pub mod job;
