@@ -9,7 +9,12 @@ use std::path::PathBuf;
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::live::{LiveReport, run_live};
 use crate::embedded::run::{TrainReport, run as run_cluster};
-use anyhow::{Context, Result};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::embedded::external::{CommandLauncher, GatewayOptions, GatewayReport, run_with_gateway};
+use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -40,6 +45,33 @@ pub struct TrainArgs {
     /// applied) as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Put the gateway in front, listening here (`127.0.0.1:0`: a free
+    /// port): every execution is an external harness process
+    /// (`--harness-cmd`) that reaches the policy only over HTTP. Runs on
+    /// the live host.
+    #[arg(long, requires_all = ["harness_cmd", "evaluator_cmd"])]
+    pub gateway_listen: Option<String>,
+    /// The harness command of each execution, split on whitespace (an
+    /// argument naming a file relative to here is made absolute);
+    /// `{query}`, `{group}`, `{workspace}`, `{execution}` are filled in. It
+    /// runs in a fresh workspace with OPENAI_BASE_URL, OPENAI_API_KEY,
+    /// ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY, GYRE_EXECUTION and GYRE_QUERY.
+    #[arg(long, requires = "gateway_listen")]
+    pub harness_cmd: Option<String>,
+    /// The evaluator command, split on whitespace (`{workspace}`,
+    /// `{query}`); prints `{"score": x, "valid": bool}`.
+    #[arg(long, requires = "gateway_listen")]
+    pub evaluator_cmd: Option<String>,
+    /// The harness timeout, seconds.
+    #[arg(long, default_value_t = 300)]
+    pub harness_timeout_s: u64,
+    /// Where workspaces and harness logs go (kept); default a temporary
+    /// directory removed at the end.
+    #[arg(long, requires = "gateway_listen")]
+    pub run_dir: Option<PathBuf>,
+    /// The gateway's durable store (redb); default in memory.
+    #[arg(long, requires = "gateway_listen")]
+    pub gateway_store: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -95,17 +127,29 @@ pub fn run(args: TrainArgs) -> Result<()> {
             b.set_position(done);
         }
     };
-    if args.host == HostKind::Live {
-        let report =
-            run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
+    let show = |bar: Option<ProgressBar>, json: String, table: &dyn Fn()| {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            println!("{json}");
         } else {
-            print_live(&report);
+            table();
         }
+    };
+    if let Some(listen) = &args.gateway_listen {
+        let report = run_gateway(&cfg, &args, listen, &mut progress)?;
+        show(bar, serde_json::to_string_pretty(&report)?, &|| {
+            print_gateway(&report)
+        });
+        return Ok(());
+    }
+    if args.host == HostKind::Live {
+        let report =
+            run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
+        show(bar, serde_json::to_string_pretty(&report)?, &|| {
+            print_live(&report)
+        });
         return Ok(());
     }
     let (_cluster, report) = run_cluster(&cfg, &mut progress).context("embedded training run")?;
@@ -118,6 +162,85 @@ pub fn run(args: TrainArgs) -> Result<()> {
         print_report(&cfg, &report);
     }
     Ok(())
+}
+
+fn words(flag: &str, cmd: Option<&String>) -> Result<Vec<String>> {
+    let argv: Vec<String> = cmd
+        .map(|c| c.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    if argv.is_empty() {
+        bail!("{flag} is empty");
+    }
+    // Commands run in their workspace: an argument naming a file here
+    // means that file.
+    Ok(argv
+        .into_iter()
+        .map(|a| match std::path::Path::new(&a).canonicalize() {
+            Ok(p) if !a.starts_with('/') && p.is_file() => p.display().to_string(),
+            _ => a,
+        })
+        .collect())
+}
+
+fn run_gateway(
+    cfg: &EmbeddedConfig,
+    args: &TrainArgs,
+    listen: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<GatewayReport> {
+    let listen: SocketAddr = listen
+        .parse()
+        .with_context(|| format!("--gateway-listen {listen:?}: expected HOST:PORT"))?;
+    let launcher = CommandLauncher::new(
+        words("--harness-cmd", args.harness_cmd.as_ref())?,
+        Duration::from_secs(args.harness_timeout_s.max(1)),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let opts = GatewayOptions {
+        listen,
+        launcher: Arc::new(launcher),
+        evaluator: words("--evaluator-cmd", args.evaluator_cmd.as_ref())?,
+        dir: args.run_dir.clone(),
+        store: args.gateway_store.clone(),
+        stall: LIVE_STALL,
+    };
+    let mut started = |addr: &str| tracing::info!("gyre train: gateway {addr}");
+    run_with_gateway(cfg, opts, progress, &mut started)
+        .context("training with the gateway in front")
+}
+
+fn print_gateway(r: &GatewayReport) {
+    print_updates(&r.updates);
+    for v in &r.reward_by_version {
+        println!(
+            "version {:>3}: reward {:.3} over {} runs",
+            v.version, v.mean_reward, v.scored
+        );
+    }
+    println!(
+        "reward: first quarter of versions {}, last quarter {}",
+        opt(r.early_reward),
+        opt(r.late_reward)
+    );
+    let t = &r.task;
+    println!(
+        "harnesses: {} started, {} completed, {} harness timeouts, {} aborted, {} scored, {} evaluator failures",
+        t.executions, t.completed, t.harness_timeouts, t.aborted, t.scored, t.eval_failures
+    );
+    println!(
+        "gateway {}: {} calls recorded, {} answered by the plane, {} without a record; {} tokens streamed, {} attempts resumed after a role change, {} calls served by two engines",
+        r.gateway,
+        r.gateway_calls,
+        r.plane_calls_answered,
+        r.calls_without_record,
+        r.streamed_tokens,
+        r.resumed_attempts,
+        r.engine_changes
+    );
+    println!(
+        "run (live host): seed {}, {} steps, {:.1} s wall, workspaces and logs in {}",
+        r.seed, r.steps, r.wall_secs, r.dir
+    );
 }
 
 fn opt(x: Option<f64>) -> String {
@@ -208,15 +331,19 @@ fn print_report(cfg: &EmbeddedConfig, r: &TrainReport) {
     );
 }
 
-fn print_live(r: &LiveReport) {
+fn print_updates(updates: &[crate::embedded::trainer::UpdateSummary]) {
     println!("step  version  micro-steps  targets   loss       grad-norm");
-    for u in &r.updates {
+    for u in updates {
         println!(
             "{:>4}  {:>7}  {:>11}  {:>7}  {:>9.5}  {:>9.4}",
             u.step, u.version, u.micro_steps, u.targets, u.loss, u.grad_norm
         );
     }
     println!();
+}
+
+fn print_live(r: &LiveReport) {
+    print_updates(&r.updates);
     println!(
         "reward: first quarter of versions {}, last quarter {}; {} executions, {} scored",
         opt(r.early_reward),

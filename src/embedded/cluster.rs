@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use gyre_actors::sched::ids::EngineIx;
 use gyre_actors::sched::plan::{BackendFactory, CellBackends, ClusterPlan, Host, place};
+use gyre_actors::sched::proto::evaluator::EvalReq;
+use gyre_actors::sched::proto::harness::HarnessReq;
 use gyre_actors::sched::samples::RecordedConfig;
 use gyre_actors::sched::scheduler::Scheduler;
 use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
@@ -24,10 +26,10 @@ use gyre_gpu::engine::{Engine, EngineConfig, EngineError};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{ObjectiveConfig, OptimConfig, TrainerError};
 use gyre_runtime::sim::{IoModel, Latency, LinkModel, Sim, SimConfig};
-use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, Recipient, SECS};
+use gyre_runtime::{Actor, Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, Recipient, SECS};
 use serde::{Deserialize, Serialize};
 
-use super::engine::EngineWorker;
+use super::engine::{EngineWorker, TokenTap};
 use super::memory::MemoryWorker;
 use super::shared::{EngineHandle, Shared, TrainerHandle, lock};
 use super::task::{EvaluatorWorker, HarnessWorker, TaskConfig, TaskConfigError, Workspaces};
@@ -199,6 +201,8 @@ pub enum BuildError {
     Trainer(TrainerError),
     #[error("task: {0}")]
     Task(TaskConfigError),
+    #[error("harness: {0}")]
+    Harness(String),
 }
 
 macro_rules! build_error_from {
@@ -219,25 +223,26 @@ build_error_from!(
     Task(TaskConfigError)
 );
 
-/// The backends of a built cluster, for reading their state.
+/// The backends of a built cluster, for reading their state (`H` and `E`:
+/// the harness and evaluator backends, the built-in task's by default).
 #[derive(Debug, Clone)]
-pub struct EmbeddedAddrs {
+pub struct EmbeddedAddrs<H: Actor = HarnessWorker, E: Actor = EvaluatorWorker> {
     pub engines: Vec<Addr<EngineWorker>>,
     pub pool: Option<Addr<EngineWorker>>,
     pub trainers: Vec<Addr<TrainerWorker>>,
     pub memories: Vec<Addr<MemoryWorker>>,
     pub transfer: Addr<TransferWorker>,
-    pub harness: Addr<HarnessWorker>,
-    pub evaluator: Addr<EvaluatorWorker>,
+    pub harness: Addr<H>,
+    pub evaluator: Addr<E>,
     /// Each cell's engine and trainer (memory reports, weights).
     pub engine_handles: Vec<EngineHandle>,
     pub trainer_handles: Vec<TrainerHandle>,
 }
 
 /// A cluster's actors and what its backends share, on whatever host.
-pub struct Assembled {
+pub struct Assembled<H: Actor = HarnessWorker, E: Actor = EvaluatorWorker> {
     pub sched: Addr<Scheduler>,
-    pub backends: EmbeddedAddrs,
+    pub backends: EmbeddedAddrs<H, E>,
     pub shared: Shared,
     pub workspaces: Arc<Workspaces>,
     pub blobs: Arc<MemBlobs>,
@@ -272,20 +277,71 @@ pub fn build(cfg: &EmbeddedConfig) -> Result<EmbeddedCluster, BuildError> {
     })
 }
 
+/// Where a cluster's executions come from: the harness and evaluator
+/// backends (the built-in task, or external harness processes behind the
+/// gateway).
+pub trait TaskBackends {
+    type Harness: Actor<Msg: From<HarnessReq>>;
+    type Evaluator: Actor<Msg: From<EvalReq>>;
+    fn harness(&mut self, shared: &Shared) -> Result<Self::Harness, BuildError>;
+    fn evaluator(&mut self) -> Result<Self::Evaluator, BuildError>;
+    /// Where the engines stream every sampled token, if anywhere (the
+    /// tap's owner then writes the records).
+    fn token_tap(&self) -> Option<Arc<dyn TokenTap>> {
+        None
+    }
+}
+
+/// The built-in agent task (`src/embedded/task/`).
+pub struct BuiltInTask {
+    cfg: TaskConfig,
+    workspaces: Arc<Workspaces>,
+    seed: u64,
+}
+
+impl TaskBackends for BuiltInTask {
+    type Harness = HarnessWorker;
+    type Evaluator = EvaluatorWorker;
+
+    fn harness(&mut self, shared: &Shared) -> Result<HarnessWorker, BuildError> {
+        Ok(HarnessWorker::new(
+            self.cfg.clone(),
+            shared,
+            self.workspaces.clone(),
+            self.seed,
+        )?)
+    }
+
+    fn evaluator(&mut self) -> Result<EvaluatorWorker, BuildError> {
+        Ok(EvaluatorWorker::new(
+            self.cfg.clone(),
+            self.workspaces.clone(),
+            self.seed,
+        )?)
+    }
+}
+
 /// The embedded backends: the real policy's engines and trainers, the
-/// built-in task, one in-process payload store.
-pub struct EmbeddedBackends {
+/// task's harness and evaluator, one in-process payload store.
+pub struct EmbeddedBackends<T: TaskBackends = BuiltInTask> {
     cfg: EmbeddedConfig,
     params: ParamBuffer,
     shared: Shared,
-    workspaces: Arc<Workspaces>,
-    task_seed: u64,
+    task: T,
     engine_handles: Vec<EngineHandle>,
     trainer_handles: Vec<TrainerHandle>,
     observer: Option<Recipient<UpdateSummary>>,
 }
 
-impl EmbeddedBackends {
+impl<T: TaskBackends> EmbeddedBackends<T> {
+    fn engine_worker(&self, ix: EngineIx, handle: EngineHandle, seed: u64) -> EngineWorker {
+        let w = EngineWorker::new(ix, handle, self.shared.clone(), seed);
+        match self.task.token_tap() {
+            Some(tap) => w.with_tap(tap),
+            None => w,
+        }
+    }
+
     fn engine(&self, slots: u32) -> Result<EngineHandle, BuildError> {
         let batch = if self.cfg.engine_batch == 0 {
             slots as usize
@@ -304,13 +360,13 @@ impl EmbeddedBackends {
     }
 }
 
-impl BackendFactory for EmbeddedBackends {
+impl<T: TaskBackends> BackendFactory for EmbeddedBackends<T> {
     type Engine = EngineWorker;
     type Trainer = TrainerWorker;
     type Memory = MemoryWorker;
     type Transfer = TransferWorker;
-    type Harness = HarnessWorker;
-    type Evaluator = EvaluatorWorker;
+    type Harness = T::Harness;
+    type Evaluator = T::Evaluator;
     type Error = BuildError;
 
     fn cell(&mut self, c: u32, slots: u32) -> Result<CellBackends<Self>, BuildError> {
@@ -320,10 +376,9 @@ impl BackendFactory for EmbeddedBackends {
         // Every cell starts in rollout: its training memory is parked on
         // the host until a switch restores it.
         lock(&th).release_memory()?;
-        let engine = EngineWorker::new(
+        let engine = self.engine_worker(
             EngineIx::Cell(c),
             eh.clone(),
-            self.shared.clone(),
             self.engine_seed(u64::from(c)),
         );
         let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective)
@@ -341,35 +396,19 @@ impl BackendFactory for EmbeddedBackends {
     fn pool(&mut self, slots: u32) -> Result<EngineWorker, BuildError> {
         let eh = self.engine(slots)?;
         let seed = self.engine_seed(0xffff);
-        Ok(EngineWorker::new(
-            EngineIx::Pool,
-            eh,
-            self.shared.clone(),
-            seed,
-        ))
+        Ok(self.engine_worker(EngineIx::Pool, eh, seed))
     }
 
     fn transfer(&mut self) -> Result<TransferWorker, BuildError> {
         Ok(TransferWorker::new(self.shared.clone()))
     }
 
-    fn harness(&mut self) -> Result<HarnessWorker, BuildError> {
-        let h = HarnessWorker::new(
-            self.cfg.task.clone(),
-            &self.shared,
-            self.workspaces.clone(),
-            self.task_seed,
-        )?;
-        Ok(h)
+    fn harness(&mut self) -> Result<T::Harness, BuildError> {
+        self.task.harness(&self.shared)
     }
 
-    fn evaluator(&mut self) -> Result<EvaluatorWorker, BuildError> {
-        let e = EvaluatorWorker::new(
-            self.cfg.task.clone(),
-            self.workspaces.clone(),
-            self.task_seed,
-        )?;
-        Ok(e)
+    fn evaluator(&mut self) -> Result<T::Evaluator, BuildError> {
+        self.task.evaluator()
     }
 
     fn kv_bytes_per_token(&self) -> u64 {
@@ -395,6 +434,24 @@ pub fn assemble_observed<H: Host>(
     cfg: &EmbeddedConfig,
     observer: Option<Recipient<UpdateSummary>>,
 ) -> Result<Assembled, BuildError> {
+    let workspaces = Arc::new(Workspaces::new());
+    let task = BuiltInTask {
+        cfg: cfg.task.clone(),
+        workspaces: workspaces.clone(),
+        seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+    };
+    assemble_with(host, cfg, observer, task, workspaces)
+}
+
+/// [`assemble_observed`] with the harness and evaluator backends of
+/// `task`; `workspaces` is the built-in task's board (empty for others).
+pub fn assemble_with<H: Host, T: TaskBackends>(
+    host: &mut H,
+    cfg: &EmbeddedConfig,
+    observer: Option<Recipient<UpdateSummary>>,
+    task: T,
+    workspaces: Arc<Workspaces>,
+) -> Result<Assembled<T::Harness, T::Evaluator>, BuildError> {
     if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
         return Err(BuildError::Counted);
     }
@@ -407,13 +464,11 @@ pub fn assemble_observed<H: Host>(
     shared
         .weights
         .publish(params.version, Arc::from(params.encode()));
-    let workspaces = Arc::new(Workspaces::new());
     let mut factory = EmbeddedBackends {
         cfg: cfg.clone(),
         params,
         shared: shared.clone(),
-        workspaces: workspaces.clone(),
-        task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+        task,
         engine_handles: Vec::new(),
         trainer_handles: Vec::new(),
         observer,
