@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::embedded::external::{CommandLauncher, GatewayOptions, GatewayReport, run_with_gateway};
+use crate::harness::train::JobReport;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -72,6 +73,12 @@ pub struct TrainArgs {
     /// The gateway's durable store (redb); default in memory.
     #[arg(long, requires = "gateway_listen")]
     pub gateway_store: Option<PathBuf>,
+    /// A job file (README "Training your own harness"): the user's harness
+    /// command, task folder, evaluator command, timeouts and sandbox; the
+    /// gateway in front, on the live host. `--seed`, `--steps` and `--tiny`
+    /// apply on top of its `[train]`.
+    #[arg(long, conflicts_with_all = ["gateway_listen", "config", "print_config"])]
+    pub job: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -137,6 +144,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
             table();
         }
     };
+    if let Some(job) = &args.job {
+        let (report, job) = run_job(&args, job, &mut progress)?;
+        let mut json = serde_json::to_value(&report)?;
+        json["job"] = serde_json::to_value(&job)?;
+        show(bar, serde_json::to_string_pretty(&json)?, &|| {
+            print_gateway(&report);
+            print_job(&job);
+        });
+        return Ok(());
+    }
     if let Some(listen) = &args.gateway_listen {
         let report = run_gateway(&cfg, &args, listen, &mut progress)?;
         show(bar, serde_json::to_string_pretty(&report)?, &|| {
@@ -200,6 +217,7 @@ fn run_gateway(
         listen,
         launcher: Arc::new(launcher),
         evaluator: words("--evaluator-cmd", args.evaluator_cmd.as_ref())?,
+        scorer: None,
         dir: args.run_dir.clone(),
         store: args.gateway_store.clone(),
         stall: LIVE_STALL,
@@ -207,6 +225,74 @@ fn run_gateway(
     let mut started = |addr: &str| tracing::info!("gyre train: gateway {addr}");
     run_with_gateway(cfg, opts, progress, &mut started)
         .context("training with the gateway in front")
+}
+
+fn run_job(
+    args: &TrainArgs,
+    path: &std::path::Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(GatewayReport, JobReport)> {
+    let base = if args.tiny {
+        EmbeddedConfig::tiny(1)
+    } else {
+        EmbeddedConfig::default()
+    };
+    let mut plan = crate::harness::train::plan(path, base)?;
+    if let Some(seed) = args.seed {
+        plan.cfg.seed = seed;
+    }
+    if let Some(steps) = args.steps {
+        plan.cfg.sched.target_steps = steps;
+    }
+    let (launcher, scorer, counters) = crate::harness::train::backends(&plan);
+    let listen: SocketAddr = plan
+        .job
+        .run
+        .listen
+        .parse()
+        .with_context(|| format!("run.listen {:?}", plan.job.run.listen))?;
+    let store = plan
+        .job
+        .run
+        .gateway_store
+        .as_ref()
+        .map(|p| crate::harness::JobFile::resolve(path, p));
+    let opts = GatewayOptions {
+        listen,
+        launcher,
+        evaluator: Vec::new(),
+        scorer: Some(scorer),
+        dir: Some(plan.runner.work_root.clone()),
+        store,
+        stall: LIVE_STALL,
+    };
+    let mut started = |addr: &str| tracing::info!("gyre train --job: gateway {addr}");
+    let report = run_with_gateway(&plan.cfg, opts, progress, &mut started)
+        .with_context(|| format!("training job {}", path.display()))?;
+    Ok((report, counters.report(&plan)))
+}
+
+fn print_job(j: &JobReport) {
+    println!(
+        "job {} ({} tasks, sandbox {}): {} completed, {} failed (scored), {} harness timeouts (scored), {} overall timeouts, {} aborted, {} dummies; evaluator {} attempts, {} retried, {} scored; {} runs left background processes (killed)",
+        j.job,
+        j.tasks,
+        j.sandbox,
+        j.completed,
+        j.failed,
+        j.harness_timeouts,
+        j.overall_timeouts,
+        j.aborted,
+        j.dummies,
+        j.evaluator_attempts,
+        j.evaluator_retries,
+        j.scored,
+        j.stragglers_killed
+    );
+    println!(
+        "logs {}, workspaces {}, score bindings {}",
+        j.log_dir, j.work_dir, j.bindings
+    );
 }
 
 fn print_gateway(r: &GatewayReport) {

@@ -104,6 +104,7 @@ fn request(task: &Arc<Task>, i: usize) -> ExecutionRequest {
             api_base: "http://127.0.0.1:9".into(),
         }),
         workspace: None,
+        env: Vec::new(),
     }
 }
 

@@ -67,8 +67,7 @@ impl EvaluatorConfig {
             sandbox,
             limits: job.sandbox.limits.clone(),
             log_dir: runner.log_dir.clone(),
-            job_dir: std::path::absolute(JobFile::base_dir(job_path))
-                .unwrap_or_else(|_| JobFile::base_dir(job_path)),
+            job_dir: JobFile::absolute(&JobFile::base_dir(job_path)),
         }
     }
 }
@@ -158,7 +157,7 @@ pub fn branch_ref(workspace: &Path) -> String {
 }
 
 /// Runs evaluator attempts.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct EvaluatorRunner {
     cfg: Arc<EvaluatorConfig>,
 }

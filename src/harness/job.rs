@@ -114,6 +114,14 @@ pub struct RunSection {
     /// Keep each scored workspace instead of removing it.
     #[serde(default)]
     pub keep_workspaces: bool,
+    /// The gateway's API listener the harnesses are pointed at
+    /// (`127.0.0.1:0`: a free port).
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// The gateway's durable record store (redb folder); in memory when
+    /// absent.
+    #[serde(default)]
+    pub gateway_store: Option<PathBuf>,
 }
 
 /// Network inside a bwrap sandbox.
@@ -218,26 +226,20 @@ pub struct TrainSection {
     pub embedded: Option<toml::Table>,
 }
 
+/// The policy the harnesses are served by. Only the embedded model trains
+/// through `gyre train --job` today; its size is `[train.embedded.model]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    /// `embedded` (the gpu crate's engine) or `script=FILE.jsonl`.
+    /// `embedded`: the gpu crate's policy, served and trained by the cells.
     #[serde(default = "default_engine")]
     pub engine: String,
-    /// The model name the gateway serves (what the harness asks for).
-    #[serde(default = "default_model_name")]
-    pub name: String,
-    /// A tokenizer folder (`tokenizer.json`, `tokenizer_config.json`).
-    #[serde(default)]
-    pub tokenizer: Option<PathBuf>,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
             engine: default_engine(),
-            name: default_model_name(),
-            tokenizer: None,
         }
     }
 }
@@ -260,14 +262,14 @@ fn default_concurrency() -> usize {
 fn default_log_dir() -> PathBuf {
     PathBuf::from("gyre-logs")
 }
+fn default_listen() -> String {
+    "127.0.0.1:0".into()
+}
 fn default_open_files() -> u64 {
     4096
 }
 fn default_engine() -> String {
     "embedded".into()
-}
-fn default_model_name() -> String {
-    "gyre".into()
 }
 
 /// Why a job file was refused; every variant names the field or the file.
@@ -410,14 +412,14 @@ impl JobFile {
         if self.train.j_max == Some(0) {
             return Err(bad("train.j_max", "must be at least 1"));
         }
-        if self.model.engine != "embedded"
-            && !self.model.engine.starts_with("embedded=")
-            && !self.model.engine.starts_with("script=")
-        {
+        if self.model.engine != "embedded" {
             return Err(bad(
                 "model.engine",
-                "must be `embedded`, `embedded=MODEL.toml` or `script=FILE.jsonl`",
+                "must be `embedded` (the model's size: [train.embedded.model])",
             ));
+        }
+        if self.run.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(bad("run.listen", "must be HOST:PORT, e.g. 127.0.0.1:0"));
         }
         Ok(())
     }
@@ -437,6 +439,23 @@ impl JobFile {
         } else {
             Self::base_dir(job_path).join(p)
         }
+    }
+
+    /// `p` made absolute with `.` and `..` folded away (lexically: the
+    /// folders need not exist yet).
+    pub fn absolute(p: &Path) -> PathBuf {
+        let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut out = PathBuf::new();
+        for c in abs.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    out.pop();
+                }
+                std::path::Component::CurDir => {}
+                other => out.push(other),
+            }
+        }
+        out
     }
 }
 
@@ -551,5 +570,9 @@ sandbox = "none"
             PathBuf::from("/abs")
         );
         assert_eq!(JobFile::base_dir(Path::new("a.toml")), PathBuf::from("."));
+        assert_eq!(
+            JobFile::absolute(Path::new("/a/b/../c/./d")),
+            PathBuf::from("/a/c/d")
+        );
     }
 }

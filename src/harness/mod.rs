@@ -13,6 +13,8 @@
 //! - [`runner`]: one harness execution end to end; [`evaluator`]: one
 //!   evaluator attempt, the verdict and its binding.
 //! - [`bench`]: the measurements of `gyre bench harness`.
+//! - [`train`]: a job as `gyre train`'s cluster configuration, harness
+//!   launcher and evaluator (the gateway front of src/embedded/external).
 //! - [`launcher`]: the traits and I/O requests the scheduling plane's
 //!   backend actors use; [`placeholders`]: `{workspace}` and friends.
 
@@ -27,6 +29,7 @@ pub mod process;
 pub mod runner;
 pub mod sandbox;
 pub mod tasks;
+pub mod train;
 pub mod workspace;
 
 pub use access::{AdminHttp, Credentials, GatewayAccess, InProcess};

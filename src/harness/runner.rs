@@ -59,12 +59,8 @@ impl RunnerConfig {
     /// from its folder); `work_root` defaults to a fresh folder in the
     /// system temp dir named after this process.
     pub fn from_job(job: &JobFile, job_path: &std::path::Path) -> Self {
-        let job_dir = std::path::absolute(JobFile::base_dir(job_path))
-            .unwrap_or_else(|_| JobFile::base_dir(job_path));
-        let resolve = |p: &std::path::Path| {
-            let r = JobFile::resolve(job_path, p);
-            std::path::absolute(&r).unwrap_or(r)
-        };
+        let job_dir = JobFile::absolute(&JobFile::base_dir(job_path));
+        let resolve = |p: &std::path::Path| JobFile::absolute(&JobFile::resolve(job_path, p));
         let work_root = match &job.run.work_dir {
             Some(p) => resolve(p),
             None => std::env::temp_dir().join(format!("gyre-work-{}", std::process::id())),
@@ -115,6 +111,9 @@ pub struct ExecutionRequest {
     /// Where the workspace goes, when the caller has a place for it
     /// (default `<work_root>/<label>/workspace`).
     pub workspace: Option<PathBuf>,
+    /// Variables for this execution only (after the job's, before Gyre's
+    /// own), e.g. `GYRE_QUERY`.
+    pub env: Vec<(String, String)>,
 }
 
 /// Removes HOME and TMPDIR if the run's future is dropped (an abort by
@@ -234,7 +233,12 @@ impl HarnessRunner {
         &self.cfg
     }
 
-    fn environment(&self, dirs: &ExecDirs, creds: &Credentials) -> Vec<(String, String)> {
+    fn environment(
+        &self,
+        dirs: &ExecDirs,
+        creds: &Credentials,
+        extra: &[(String, String)],
+    ) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = if self.cfg.inherit_env {
             std::env::vars().filter(|(k, _)| !withheld(k)).collect()
         } else {
@@ -244,6 +248,10 @@ impl HarnessRunner {
             )]
         };
         env.extend(self.cfg.env.iter().cloned());
+        for (k, v) in extra {
+            env.retain(|(e, _)| e != k);
+            env.push((k.clone(), v.clone()));
+        }
         let path = |p: &PathBuf| p.to_string_lossy().into_owned();
         let ours = [
             ("HOME", path(&dirs.home)),
@@ -365,7 +373,7 @@ impl HarnessRunner {
         let spec = ProcessSpec {
             argv,
             cwd: dirs.workspace.clone(),
-            env: self.environment(&dirs, &creds),
+            env: self.environment(&dirs, &creds, &req.env),
             stdout: run.stdout.clone(),
             stderr: run.stderr.clone(),
             limits: self.cfg.limits.clone(),

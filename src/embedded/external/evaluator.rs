@@ -16,7 +16,7 @@ use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq};
 use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient};
 use serde::{Deserialize, Serialize};
 
-use super::board::Board;
+use super::board::{Board, RunInfo};
 use crate::embedded::work::Work;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -36,11 +36,19 @@ impl From<EvalReq> for CommandEvalMsg {
     }
 }
 
+/// Scores a run's workspace in place of the command (a job file's
+/// evaluator runner, `crate::harness`); called on an I/O worker, so it may
+/// block. `Err` is a failed attempt (pending, retried), never a zero.
+pub trait WorkspaceScorer: std::fmt::Debug + Send + Sync + 'static {
+    fn score(&self, run: &RunInfo, attempt: u32) -> Result<f64, String>;
+}
+
 /// Runs the evaluator command per attempt (`Msg` accepts `EvalReq`).
 #[derive(Debug)]
 pub struct CommandEvaluator {
     argv: Vec<String>,
     board: Arc<Board>,
+    scorer: Option<Arc<dyn WorkspaceScorer>>,
 }
 
 impl CommandEvaluator {
@@ -48,7 +56,20 @@ impl CommandEvaluator {
         if argv.first().is_none_or(|a| a.trim().is_empty()) {
             return Err("the evaluator command is empty".into());
         }
-        Ok(Self { argv, board })
+        Ok(Self {
+            argv,
+            board,
+            scorer: None,
+        })
+    }
+
+    /// Scores with `scorer` instead of a command.
+    pub fn with_scorer(scorer: Arc<dyn WorkspaceScorer>, board: Arc<Board>) -> Self {
+        Self {
+            argv: Vec::new(),
+            board,
+            scorer: Some(scorer),
+        }
     }
 }
 
@@ -116,8 +137,15 @@ impl Actor for CommandEvaluator {
                 reply_to,
             }) => {
                 let (argv, board) = (self.argv.clone(), self.board.clone());
+                let scorer = self.scorer.clone();
                 cx.io(
-                    Work::new("evaluator.command", move || evaluate(&argv, &board, exec)),
+                    Work::new("evaluator.command", move || match scorer {
+                        Some(s) => board
+                            .get(exec)
+                            .ok_or_else(|| format!("{exec:?} has no workspace to score"))
+                            .and_then(|run| s.score(&run, attempt)),
+                        None => evaluate(&argv, &board, exec),
+                    }),
                     move |score| CommandEvalMsg::Done {
                         exec,
                         attempt,

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::board::Board;
 use super::bridge::{GatewayHarness, ToFront};
-use super::evaluator::CommandEvaluator;
+use super::evaluator::{CommandEvaluator, WorkspaceScorer};
 use super::front::{Front, forward};
 use super::launcher::HarnessLauncher;
 use super::plane::{Executions, PlaneEngine, PlaneRecords};
@@ -38,6 +38,8 @@ pub struct GatewayOptions {
     pub launcher: Arc<dyn HarnessLauncher>,
     /// The evaluator command (`{workspace}`, `{query}`).
     pub evaluator: Vec<String>,
+    /// Scores in place of the command when set (a job file's evaluator).
+    pub scorer: Option<Arc<dyn WorkspaceScorer>>,
     /// Workspaces and logs; a temporary directory (removed at the end)
     /// when absent.
     pub dir: Option<PathBuf>,
@@ -98,6 +100,7 @@ struct ExternalTask {
     front: Recipient<ToFront>,
     board: Arc<Board>,
     evaluator: Vec<String>,
+    scorer: Option<Arc<dyn WorkspaceScorer>>,
     tap: Arc<CallStreams>,
 }
 
@@ -110,8 +113,11 @@ impl TaskBackends for ExternalTask {
     }
 
     fn evaluator(&mut self) -> Result<CommandEvaluator, BuildError> {
-        CommandEvaluator::new(self.evaluator.clone(), self.board.clone())
-            .map_err(BuildError::Harness)
+        match &self.scorer {
+            Some(s) => Ok(CommandEvaluator::with_scorer(s.clone(), self.board.clone())),
+            None => CommandEvaluator::new(self.evaluator.clone(), self.board.clone())
+                .map_err(BuildError::Harness),
+        }
     }
 
     fn token_tap(&self) -> Option<Arc<dyn TokenTap>> {
@@ -158,6 +164,7 @@ async fn run_async(
         front: Recipient::of(front_addr),
         board: board.clone(),
         evaluator: opts.evaluator.clone(),
+        scorer: opts.scorer.clone(),
         tap: streams.clone(),
     };
     let parts = assemble_with(
