@@ -114,6 +114,7 @@ impl Setup {
             overall: Duration::from_secs(30),
             credentials: None,
             workspace: None,
+            env: Vec::new(),
         }
     }
 
