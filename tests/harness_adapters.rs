@@ -117,6 +117,25 @@ fn run_job(job_name: &str, program: &str, script: &[serde_json::Value], dir: &Pa
     assert_eq!(me["execution"], json!(run.execution));
     assert!(me["calls"].as_u64().unwrap() >= 2, "{me}");
     assert_eq!(me["closed"], json!(true));
+    // The gateway's own time per call (its records' start to end, engine
+    // included: the script engine's is nearly nil) against the harness's
+    // wall time, printed for the README (not asserted: no timed asserts).
+    let id = run.execution.clone().unwrap();
+    let (_, trace) = admin(&g, "GET", &format!("/admin/executions/{id}/trace"));
+    let gateway_ms: f64 = trace
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|r| {
+            (r["end_ns"].as_u64().unwrap_or(0) - r["start_ns"].as_u64().unwrap_or(0)) as f64 / 1e6
+        })
+        .sum();
+    eprintln!(
+        "{job_name}: harness process {:.0} ms, gateway {:.1} ms over {} calls ({:.2}% of the wall time)",
+        run.timings.process.as_secs_f64() * 1e3,
+        gateway_ms,
+        me["calls"],
+        100.0 * gateway_ms / (run.timings.process.as_secs_f64() * 1e3)
+    );
 }
 
 const FIZZBUZZ: &str = "def fizzbuzz(n):\n    return ['FizzBuzz' if i % 15 == 0 else 'Fizz' if i % 3 == 0 else 'Buzz' if i % 5 == 0 else str(i) for i in range(1, n + 1)]\n";

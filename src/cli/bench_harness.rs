@@ -40,6 +40,20 @@ pub fn run(args: HarnessBenchArgs) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let task = Arc::new(bench_task(&dir, args.files)?);
     let rt = tokio::runtime::Runtime::new()?;
+    // Memory first, while the allocator holds nothing from earlier rows.
+    let mem = if args.live > 0 {
+        Some(
+            rt.block_on(memory(
+                &dir,
+                task.clone(),
+                args.live,
+                Duration::from_secs(3),
+            ))
+            .map_err(|e| anyhow!(e))?,
+        )
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     for s in &args.sandbox {
@@ -69,14 +83,6 @@ pub fn run(args: HarnessBenchArgs) -> Result<()> {
             rows.push(row);
         }
     }
-    let mem = if args.live > 0 {
-        Some(
-            rt.block_on(memory(&dir, task, args.live, Duration::from_secs(3)))
-                .map_err(|e| anyhow!(e))?,
-        )
-    } else {
-        None
-    };
     let _ = std::fs::remove_dir_all(&dir);
     if args.json {
         println!(
