@@ -45,8 +45,8 @@ impl ExecDirs {
         prompt: &str,
     ) -> std::io::Result<ExecDirs> {
         let root = work_root.join(label);
-        if root.exists() {
-            std::fs::remove_dir_all(&root)?;
+        for stale in [Some(root.as_path()), workspace].into_iter().flatten() {
+            remove_if_present(stale)?;
         }
         let dirs = ExecDirs {
             workspace: workspace
@@ -213,6 +213,13 @@ mod tests {
         assert_eq!(std::fs::read_dir(&e.workspace).unwrap().count(), 0);
         let again = ExecDirs::create(&d, "x", None, "p").unwrap();
         assert_eq!(e, again);
+        // A caller's place for the workspace is emptied before the copy.
+        let place = d.join("place");
+        std::fs::create_dir_all(&place).unwrap();
+        std::fs::write(place.join("stale.txt"), "old run").unwrap();
+        let at = ExecDirs::create_at(&d, "y", Some(&place), None, "p").unwrap();
+        assert_eq!(at.workspace, place);
+        assert!(!place.join("stale.txt").exists());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
