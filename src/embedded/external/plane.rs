@@ -45,6 +45,8 @@ struct Ledger {
     served: HashMap<CallId, (String, String)>,
     answered: HashSet<CallId>,
     recorded: HashSet<(String, String)>,
+    /// Executions whose harness ended on its own (not killed at the end).
+    finished: HashSet<ExecId>,
 }
 
 /// Which plane execution each gateway execution is, and which calls were
@@ -79,6 +81,11 @@ impl Executions {
         lock(&self.ledger).answered.insert(call);
     }
 
+    /// The harness of `exec` ended by itself.
+    pub fn finished(&self, exec: ExecId) {
+        lock(&self.ledger).finished.insert(exec);
+    }
+
     fn recorded(&self, gateway_id: &str, call_id: &str) -> Option<CallId> {
         let mut l = lock(&self.ledger);
         let exec = l.by_gateway.get(gateway_id)?.exec;
@@ -91,13 +98,16 @@ impl Executions {
             .max()
     }
 
-    /// Plane calls answered, and those of them whose gateway call has no
-    /// record (a client that went away before the end of its answer).
+    /// Plane calls answered, and those of them whose harness ended by
+    /// itself yet whose gateway call has no record (a client that went
+    /// away before the end of its answer; harnesses killed when the run
+    /// ends are not counted).
     pub fn answered_unrecorded(&self) -> (u64, u64) {
         let l = lock(&self.ledger);
         let missing = l
             .answered
             .iter()
+            .filter(|c| l.finished.contains(&c.exec))
             .filter(|c| l.served.get(c).is_none_or(|g| !l.recorded.contains(g)))
             .count();
         (l.answered.len() as u64, missing as u64)
