@@ -43,6 +43,8 @@ struct Ledger {
     by_gateway: HashMap<String, PlaneExec>,
     /// The gateway call (execution, call id) each plane call served.
     served: HashMap<CallId, (String, String)>,
+    /// The last plane call of each gateway call.
+    last: HashMap<(String, String), CallId>,
     answered: HashSet<CallId>,
     recorded: HashSet<(String, String)>,
     /// Executions whose harness ended on its own (not killed at the end).
@@ -71,8 +73,9 @@ impl Executions {
             seq: e.next_seq,
         };
         e.next_seq += 1;
-        l.served
-            .insert(call, (gateway_id.to_string(), call_id.to_string()));
+        let key = (gateway_id.to_string(), call_id.to_string());
+        l.last.insert(key.clone(), call);
+        l.served.insert(call, key);
         Some(call)
     }
 
@@ -88,14 +91,10 @@ impl Executions {
 
     fn recorded(&self, gateway_id: &str, call_id: &str) -> Option<CallId> {
         let mut l = lock(&self.ledger);
-        let exec = l.by_gateway.get(gateway_id)?.exec;
-        l.recorded
-            .insert((gateway_id.to_string(), call_id.to_string()));
-        l.served
-            .iter()
-            .filter(|(c, g)| c.exec == exec && g.1 == call_id)
-            .map(|(c, _)| *c)
-            .max()
+        let key = (gateway_id.to_string(), call_id.to_string());
+        let call = *l.last.get(&key)?;
+        l.recorded.insert(key);
+        Some(call)
     }
 
     /// Plane calls answered, and those of them whose harness ended by
