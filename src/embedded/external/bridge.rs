@@ -211,3 +211,107 @@ impl Actor for GatewayHarness {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gyre_runtime::sim::{Sim, SimConfig};
+    use gyre_runtime::{Addr, MemBlobs, NodeId};
+
+    const TESTER: ActorId = ActorId::new(9, 1);
+
+    #[test]
+    fn calls_records_and_exits_reach_the_execution_and_nothing_leaks() {
+        let mut cfg = SimConfig::new(3);
+        cfg.codec_roundtrip = true;
+        let mut sim = Sim::new(cfg);
+        let blobs = MemBlobs::shared();
+        let front = sim.probe::<ToFront>(NodeId(2));
+        let exec_port = sim.probe::<HarnessEvent>(NodeId(2));
+        let bridge = sim.spawn(
+            NodeId(1),
+            GatewayHarness::new(Recipient::of(front), blobs.clone()),
+        );
+        let (exec, other) = (ExecId(4), ExecId(5));
+        for e in [exec, other] {
+            let begin = HarnessReq::Begin {
+                exec: e,
+                group: GroupId(1),
+                reply_to: Recipient::of(exec_port),
+            };
+            sim.inject(TESTER, bridge, begin);
+        }
+        let call = CallId { exec, seq: 0 };
+        let prompt = blobs.put(vec![1, 2, 3]);
+        sim.inject(
+            TESTER,
+            bridge,
+            BridgeMsg::Call {
+                call,
+                prompt_tokens: 3,
+                prompt,
+            },
+        );
+        sim.run().unwrap();
+        let fronted: Vec<_> = sim.take_probe(front).into_iter().map(|r| r.msg).collect();
+        assert!(matches!(
+            fronted[..],
+            [ToFront::Begin { exec: a, .. }, ToFront::Begin { exec: b, .. }] if a == exec && b == other
+        ));
+        let heard = |sim: &mut Sim, p: Addr<_>| -> Vec<HarnessEvent> {
+            sim.take_probe(p).into_iter().map(|r| r.msg).collect()
+        };
+        assert!(matches!(
+            heard(&mut sim, exec_port)[..],
+            [HarnessEvent::ModelCall { call: c, prompt_tokens: 3, prompt: p }] if c == call && p == prompt
+        ));
+        // The proxy's answer frees the prompt and ends the stream; the
+        // gateway's record goes to the execution, then the exit.
+        let answer = HarnessReq::Answer {
+            call,
+            output_tokens: 2,
+            output: BlobId::NONE,
+        };
+        sim.inject(TESTER, bridge, answer);
+        let record = blobs.put(vec![7]);
+        sim.inject(TESTER, bridge, BridgeMsg::Recorded { call, record });
+        let outcome = HarnessOutcome::Completed;
+        sim.inject(TESTER, bridge, BridgeMsg::Finished { exec, outcome });
+        // The other run is aborted; what arrives for it later is released.
+        sim.inject(TESTER, bridge, HarnessReq::Abort { exec: other });
+        let late = blobs.put(vec![8]);
+        let late_call = CallId {
+            exec: other,
+            seq: 0,
+        };
+        sim.inject(
+            TESTER,
+            bridge,
+            BridgeMsg::Recorded {
+                call: late_call,
+                record: late,
+            },
+        );
+        sim.run().unwrap();
+        assert!(matches!(
+            sim.take_probe(front).into_iter().map(|r| r.msg).collect::<Vec<_>>()[..],
+            [ToFront::Answered { call: c }, ToFront::Abort { exec: e }] if c == call && e == other
+        ));
+        assert!(matches!(
+            heard(&mut sim, exec_port)[..],
+            [
+                HarnessEvent::Recorded { call: c, record: r },
+                HarnessEvent::Finished { outcome: HarnessOutcome::Completed }
+            ] if c == call && r == record
+        ));
+        // Left: only the record the execution now owns.
+        assert_eq!(blobs.live(), 1);
+        let s = sim.actor(bridge).unwrap().stats();
+        assert_eq!(
+            (
+                s.begun, s.calls, s.answered, s.recorded, s.finished, s.aborted, s.late
+            ),
+            (2, 1, 1, 1, 1, 1, 1)
+        );
+    }
+}

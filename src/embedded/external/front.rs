@@ -122,14 +122,16 @@ impl Front {
             workspace,
             log: logs.join(format!("e{}.log", exec.0)),
         });
-        let (gateway, board, inbox, id) = (
+        let (gateway, board, inbox, id, executions) = (
             self.gateway.clone(),
             self.board.clone(),
             self.inbox.clone(),
             meta.id.clone(),
+            self.executions.clone(),
         );
         let task = tokio::spawn(async move {
             let outcome = run.await;
+            executions.finished(exec);
             let _ = gateway.close_execution(&id);
             board.finished(exec, outcome);
             let _ = inbox.send(BridgeMsg::Finished { exec, outcome });

@@ -43,8 +43,12 @@ struct Ledger {
     by_gateway: HashMap<String, PlaneExec>,
     /// The gateway call (execution, call id) each plane call served.
     served: HashMap<CallId, (String, String)>,
+    /// The last plane call of each gateway call.
+    last: HashMap<(String, String), CallId>,
     answered: HashSet<CallId>,
     recorded: HashSet<(String, String)>,
+    /// Executions whose harness ended on its own (not killed at the end).
+    finished: HashSet<ExecId>,
 }
 
 /// Which plane execution each gateway execution is, and which calls were
@@ -69,8 +73,9 @@ impl Executions {
             seq: e.next_seq,
         };
         e.next_seq += 1;
-        l.served
-            .insert(call, (gateway_id.to_string(), call_id.to_string()));
+        let key = (gateway_id.to_string(), call_id.to_string());
+        l.last.insert(key.clone(), call);
+        l.served.insert(call, key);
         Some(call)
     }
 
@@ -79,25 +84,29 @@ impl Executions {
         lock(&self.ledger).answered.insert(call);
     }
 
-    fn recorded(&self, gateway_id: &str, call_id: &str) -> Option<CallId> {
-        let mut l = lock(&self.ledger);
-        let exec = l.by_gateway.get(gateway_id)?.exec;
-        l.recorded
-            .insert((gateway_id.to_string(), call_id.to_string()));
-        l.served
-            .iter()
-            .filter(|(c, g)| c.exec == exec && g.1 == call_id)
-            .map(|(c, _)| *c)
-            .max()
+    /// The harness of `exec` ended by itself.
+    pub fn finished(&self, exec: ExecId) {
+        lock(&self.ledger).finished.insert(exec);
     }
 
-    /// Plane calls answered, and those of them whose gateway call has no
-    /// record (a client that went away before the end of its answer).
+    fn recorded(&self, gateway_id: &str, call_id: &str) -> Option<CallId> {
+        let mut l = lock(&self.ledger);
+        let key = (gateway_id.to_string(), call_id.to_string());
+        let call = *l.last.get(&key)?;
+        l.recorded.insert(key);
+        Some(call)
+    }
+
+    /// Plane calls answered, and those of them whose harness ended by
+    /// itself yet whose gateway call has no record (a client that went
+    /// away before the end of its answer; harnesses killed when the run
+    /// ends are not counted).
     pub fn answered_unrecorded(&self) -> (u64, u64) {
         let l = lock(&self.ledger);
         let missing = l
             .answered
             .iter()
+            .filter(|c| l.finished.contains(&c.exec))
             .filter(|c| l.served.get(c).is_none_or(|g| !l.recorded.contains(g)))
             .count();
         (l.answered.len() as u64, missing as u64)

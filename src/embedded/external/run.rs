@@ -78,8 +78,9 @@ pub struct GatewayReport {
     pub task: TaskSummary,
     /// HTTP model calls the gateway recorded (durably, then for training).
     pub gateway_calls: u64,
-    /// Model calls the proxy answered, and those whose gateway call has no
-    /// record (a client gone before the end of its answer).
+    /// Model calls the proxy answered, and those of harnesses that ended
+    /// by themselves whose gateway call has no record (a client gone
+    /// before the end of its answer).
     pub plane_calls_answered: u64,
     pub calls_without_record: u64,
     /// Tokens streamed from the engines to the gateway as sampled.
