@@ -16,3 +16,4 @@ pub mod cli;
 pub mod cluster;
 pub mod embedded;
 pub mod gateway;
+pub mod harness;

@@ -33,6 +33,10 @@ pub enum BenchWhat {
     /// The gateway against a direct engine call, and LiteLLM against a
     /// direct upstream call, on the same machine.
     Gateway(GatewayBenchArgs),
+    /// Execution start-up overhead (workspace copy, sandbox, process start,
+    /// teardown) at several concurrencies, and runner memory per live
+    /// execution.
+    Harness(super::bench_harness::HarnessBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -62,6 +66,7 @@ pub struct GatewayBenchArgs {
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.what {
         BenchWhat::Gateway(a) => gateway(a),
+        BenchWhat::Harness(a) => super::bench_harness::run(a),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `gyre` command line: argument parsing and one module per command.
 
 pub mod bench;
+pub mod bench_harness;
 pub mod demo;
 pub mod gateway;
 pub mod logging;

@@ -12,6 +12,12 @@ use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::live::{LiveReport, run_live};
 use crate::embedded::run::{TrainReport, run as run_cluster};
 use crate::embedded::serve::{ServeFleet, run_serve};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::embedded::external::{CommandLauncher, GatewayOptions, GatewayReport, run_with_gateway};
+use crate::harness::train::JobReport;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -62,6 +68,39 @@ pub struct TrainArgs {
     /// An extra `srun` argument (with `--cluster slurm`), repeatable.
     #[arg(long)]
     pub srun_arg: Vec<String>,
+    /// Put the gateway in front, listening here (`127.0.0.1:0`: a free
+    /// port): every execution is an external harness process
+    /// (`--harness-cmd`) that reaches the policy only over HTTP. Runs on
+    /// the live host.
+    #[arg(long, requires_all = ["harness_cmd", "evaluator_cmd"])]
+    pub gateway_listen: Option<String>,
+    /// The harness command of each execution, split on whitespace (an
+    /// argument naming a file relative to here is made absolute);
+    /// `{query}`, `{group}`, `{workspace}`, `{execution}` are filled in. It
+    /// runs in a fresh workspace with OPENAI_BASE_URL, OPENAI_API_KEY,
+    /// ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY, GYRE_EXECUTION and GYRE_QUERY.
+    #[arg(long, requires = "gateway_listen")]
+    pub harness_cmd: Option<String>,
+    /// The evaluator command, split on whitespace (`{workspace}`,
+    /// `{query}`); prints `{"score": x, "valid": bool}`.
+    #[arg(long, requires = "gateway_listen")]
+    pub evaluator_cmd: Option<String>,
+    /// The harness timeout, seconds.
+    #[arg(long, default_value_t = 300)]
+    pub harness_timeout_s: u64,
+    /// Where workspaces and harness logs go (kept); default a temporary
+    /// directory removed at the end.
+    #[arg(long, requires = "gateway_listen")]
+    pub run_dir: Option<PathBuf>,
+    /// The gateway's durable store (redb); default in memory.
+    #[arg(long, requires = "gateway_listen")]
+    pub gateway_store: Option<PathBuf>,
+    /// A job file (README "Training your own harness"): the user's harness
+    /// command, task folder, evaluator command, timeouts and sandbox; the
+    /// gateway in front, on the live host. `--seed`, `--steps` and `--tiny`
+    /// apply on top of its `[train]`.
+    #[arg(long, conflicts_with_all = ["gateway_listen", "config", "print_config"])]
+    pub job: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -123,9 +162,27 @@ pub fn run(args: TrainArgs) -> Result<()> {
             b.set_position(done);
         }
     };
+    let show = |bar: Option<ProgressBar>, json: String, table: &dyn Fn()| {
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if args.json {
+            println!("{json}");
+        } else {
+            table();
+        }
+    };
     let sglang = args.engines == EngineKind::Serve || !args.engine_urls.is_empty();
-    if sglang && args.cluster.is_some() {
-        bail!("--engines serve / --engine-urls do not combine with --cluster (yet)");
+    let external = args.job.is_some() || args.gateway_listen.is_some();
+    if (sglang || external) && args.cluster.is_some() {
+        bail!(
+            "--cluster does not combine with --engines serve, --engine-urls, --job or --gateway-listen (yet)"
+        );
+    }
+    if sglang && external {
+        bail!(
+            "--engines serve / --engine-urls do not combine with --job or --gateway-listen (yet)"
+        );
     }
     if let Some(spec) = &args.cluster {
         let opts = cluster_options(spec, &args)?;
@@ -157,20 +214,32 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if let Some(job) = &args.job {
+        let (report, job) = run_job(&args, job, &mut progress)?;
+        let mut json = serde_json::to_value(&report)?;
+        json["job"] = serde_json::to_value(&job)?;
+        show(bar, serde_json::to_string_pretty(&json)?, &|| {
+            print_gateway(&report);
+            print_job(&job);
+        });
+        return Ok(());
+    }
+    if let Some(listen) = &args.gateway_listen {
+        let report = run_gateway(&cfg, &args, listen, &mut progress)?;
+        show(bar, serde_json::to_string_pretty(&report)?, &|| {
+            print_gateway(&report)
+        });
+        return Ok(());
+    }
     if sglang && args.host == HostKind::Live {
         bail!("--engines serve / --engine-urls run on the simulator host only (for now)");
     }
     if args.host == HostKind::Live {
         let report =
             run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
-        if let Some(b) = bar {
-            b.finish_and_clear();
-        }
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            print_live(&report);
-        }
+        show(bar, serde_json::to_string_pretty(&report)?, &|| {
+            print_live(&report)
+        });
         return Ok(());
     }
     let report = if sglang {
@@ -226,6 +295,154 @@ fn cluster_options(spec: &str, args: &TrainArgs) -> Result<ClusterOptions> {
     opts.listen = args.cluster_listen;
     opts.stall = LIVE_STALL;
     Ok(opts)
+}
+
+fn words(flag: &str, cmd: Option<&String>) -> Result<Vec<String>> {
+    let argv: Vec<String> = cmd
+        .map(|c| c.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    if argv.is_empty() {
+        bail!("{flag} is empty");
+    }
+    // Commands run in their workspace: an argument naming a file here
+    // means that file.
+    Ok(argv
+        .into_iter()
+        .map(|a| match std::path::Path::new(&a).canonicalize() {
+            Ok(p) if !a.starts_with('/') && p.is_file() => p.display().to_string(),
+            _ => a,
+        })
+        .collect())
+}
+
+fn run_gateway(
+    cfg: &EmbeddedConfig,
+    args: &TrainArgs,
+    listen: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<GatewayReport> {
+    let listen: SocketAddr = listen
+        .parse()
+        .with_context(|| format!("--gateway-listen {listen:?}: expected HOST:PORT"))?;
+    let launcher = CommandLauncher::new(
+        words("--harness-cmd", args.harness_cmd.as_ref())?,
+        Duration::from_secs(args.harness_timeout_s.max(1)),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let opts = GatewayOptions {
+        listen,
+        launcher: Arc::new(launcher),
+        evaluator: words("--evaluator-cmd", args.evaluator_cmd.as_ref())?,
+        scorer: None,
+        dir: args.run_dir.clone(),
+        store: args.gateway_store.clone(),
+        stall: LIVE_STALL,
+    };
+    let mut started = |addr: &str| tracing::info!("gyre train: gateway {addr}");
+    run_with_gateway(cfg, opts, progress, &mut started)
+        .context("training with the gateway in front")
+}
+
+fn run_job(
+    args: &TrainArgs,
+    path: &std::path::Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(GatewayReport, JobReport)> {
+    let base = if args.tiny {
+        EmbeddedConfig::tiny(1)
+    } else {
+        EmbeddedConfig::default()
+    };
+    let mut plan = crate::harness::train::plan(path, base)?;
+    if let Some(seed) = args.seed {
+        plan.cfg.seed = seed;
+    }
+    if let Some(steps) = args.steps {
+        plan.cfg.sched.target_steps = steps;
+    }
+    let (launcher, scorer, counters) = crate::harness::train::backends(&plan);
+    let listen: SocketAddr = plan
+        .job
+        .run
+        .listen
+        .parse()
+        .with_context(|| format!("run.listen {:?}", plan.job.run.listen))?;
+    let store = plan
+        .job
+        .run
+        .gateway_store
+        .as_ref()
+        .map(|p| crate::harness::JobFile::resolve(path, p));
+    let opts = GatewayOptions {
+        listen,
+        launcher,
+        evaluator: Vec::new(),
+        scorer: Some(scorer),
+        dir: Some(plan.runner.work_root.clone()),
+        store,
+        stall: LIVE_STALL,
+    };
+    let mut started = |addr: &str| tracing::info!("gyre train --job: gateway {addr}");
+    let report = run_with_gateway(&plan.cfg, opts, progress, &mut started)
+        .with_context(|| format!("training job {}", path.display()))?;
+    Ok((report, counters.report(&plan)))
+}
+
+fn print_job(j: &JobReport) {
+    println!(
+        "job {} ({} tasks, sandbox {}): {} completed, {} failed (scored), {} harness timeouts (scored), {} overall timeouts, {} aborted, {} dummies; evaluator {} attempts, {} retried, {} scored; {} runs left background processes (killed)",
+        j.job,
+        j.tasks,
+        j.sandbox,
+        j.completed,
+        j.failed,
+        j.harness_timeouts,
+        j.overall_timeouts,
+        j.aborted,
+        j.dummies,
+        j.evaluator_attempts,
+        j.evaluator_retries,
+        j.scored,
+        j.stragglers_killed
+    );
+    println!(
+        "logs {}, workspaces {}, score bindings {}",
+        j.log_dir, j.work_dir, j.bindings
+    );
+}
+
+fn print_gateway(r: &GatewayReport) {
+    print_updates(&r.updates);
+    for v in &r.reward_by_version {
+        println!(
+            "version {:>3}: reward {:.3} over {} runs",
+            v.version, v.mean_reward, v.scored
+        );
+    }
+    println!(
+        "reward: first quarter of versions {}, last quarter {}",
+        opt(r.early_reward),
+        opt(r.late_reward)
+    );
+    let t = &r.task;
+    println!(
+        "harnesses: {} started, {} completed, {} harness timeouts, {} aborted, {} scored, {} evaluator failures",
+        t.executions, t.completed, t.harness_timeouts, t.aborted, t.scored, t.eval_failures
+    );
+    println!(
+        "gateway {}: {} calls recorded, {} answered by the plane, {} without a record; {} tokens streamed, {} attempts resumed after a role change, {} calls served by two engines",
+        r.gateway,
+        r.gateway_calls,
+        r.plane_calls_answered,
+        r.calls_without_record,
+        r.streamed_tokens,
+        r.resumed_attempts,
+        r.engine_changes
+    );
+    println!(
+        "run (live host): seed {}, {} steps, {:.1} s wall, workspaces and logs in {}",
+        r.seed, r.steps, r.wall_secs, r.dir
+    );
 }
 
 fn opt(x: Option<f64>) -> String {
@@ -317,15 +534,19 @@ fn print_report(cfg: &EmbeddedConfig, r: &TrainReport) {
     );
 }
 
-fn print_live(r: &LiveReport) {
+fn print_updates(updates: &[crate::embedded::trainer::UpdateSummary]) {
     println!("step  version  micro-steps  targets   loss       grad-norm");
-    for u in &r.updates {
+    for u in updates {
         println!(
             "{:>4}  {:>7}  {:>11}  {:>7}  {:>9.5}  {:>9.4}",
             u.step, u.version, u.micro_steps, u.targets, u.loss, u.grad_norm
         );
     }
     println!();
+}
+
+fn print_live(r: &LiveReport) {
+    print_updates(&r.updates);
     println!(
         "reward: first quarter of versions {}, last quarter {}; {} executions, {} scored",
         opt(r.early_reward),

@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use gyre_actors::sched::ids::EngineIx;
 use gyre_actors::sched::plan::{BackendFactory, CellBackends, ClusterPlan, Host, place};
+use gyre_actors::sched::proto::evaluator::EvalReq;
+use gyre_actors::sched::proto::harness::HarnessReq;
 use gyre_actors::sched::samples::RecordedConfig;
 use gyre_actors::sched::scheduler::Scheduler;
 use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
@@ -24,10 +26,10 @@ use gyre_gpu::engine::{Engine, EngineConfig, EngineError};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{ObjectiveConfig, OptimConfig, TrainerError};
 use gyre_runtime::sim::{IoModel, Latency, LinkModel, Sim, SimConfig};
-use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, Recipient, SECS};
+use gyre_runtime::{Actor, Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, Recipient, SECS};
 use serde::{Deserialize, Serialize};
 
-use super::engine::EngineWorker;
+use super::engine::{EngineWorker, TokenTap};
 use super::memory::MemoryWorker;
 use super::shared::{EngineHandle, Shared, TrainerHandle, lock};
 use super::task::{EvaluatorWorker, HarnessWorker, TaskConfig, TaskConfigError, Workspaces};
@@ -213,6 +215,8 @@ pub enum BuildError {
     Engines(String),
     #[error("this cluster's payloads are not in one process")]
     NotInProcess,
+    #[error("harness: {0}")]
+    Harness(String),
 }
 
 macro_rules! build_error_from {
@@ -233,17 +237,22 @@ build_error_from!(
     Task(TaskConfigError)
 );
 
-/// The backends of a built cluster, for reading their state; `E` is the
-/// engine actor (the embedded engine, or an SGLang adapter).
+/// The backends of a built cluster, for reading their state: `E` is the
+/// engine actor (the embedded engine, or an SGLang adapter), `H` and `V`
+/// the harness and evaluator backends (the built-in task's by default).
 #[derive(Debug, Clone)]
-pub struct EmbeddedAddrs<E = EngineWorker> {
+pub struct EmbeddedAddrs<
+    E: Actor = EngineWorker,
+    H: Actor = HarnessWorker,
+    V: Actor = EvaluatorWorker,
+> {
     pub engines: Vec<Addr<E>>,
     pub pool: Option<Addr<E>>,
     pub trainers: Vec<Addr<TrainerWorker>>,
     pub memories: Vec<Addr<MemoryWorker>>,
     pub transfer: Addr<TransferWorker>,
-    pub harness: Addr<HarnessWorker>,
-    pub evaluator: Addr<EvaluatorWorker>,
+    pub harness: Addr<H>,
+    pub evaluator: Addr<V>,
     /// Each cell's engine (none when the engines are SGLang servers) and
     /// trainer (memory reports, weights).
     pub engine_handles: Vec<EngineHandle>,
@@ -251,19 +260,24 @@ pub struct EmbeddedAddrs<E = EngineWorker> {
 }
 
 /// A cluster's actors and what its backends share, on whatever host.
-pub struct Assembled<E = EngineWorker> {
+pub struct Assembled<E: Actor = EngineWorker, H: Actor = HarnessWorker, V: Actor = EvaluatorWorker>
+{
     pub sched: Addr<Scheduler>,
-    pub backends: EmbeddedAddrs<E>,
+    pub backends: EmbeddedAddrs<E, H, V>,
     pub shared: Shared,
     pub workspaces: Arc<Workspaces>,
     pub blobs: Arc<MemBlobs>,
 }
 
 /// An embedded cluster in the simulator.
-pub struct EmbeddedCluster<E = EngineWorker> {
+pub struct EmbeddedCluster<
+    E: Actor = EngineWorker,
+    H: Actor = HarnessWorker,
+    V: Actor = EvaluatorWorker,
+> {
     pub sim: Sim,
     pub sched: Addr<Scheduler>,
-    pub backends: EmbeddedAddrs<E>,
+    pub backends: EmbeddedAddrs<E, H, V>,
     pub shared: Shared,
     pub workspaces: Arc<Workspaces>,
     pub blobs: Arc<MemBlobs>,
@@ -275,10 +289,10 @@ pub fn build(cfg: &EmbeddedConfig) -> Result<EmbeddedCluster, BuildError> {
 }
 
 /// The simulator of `cfg`, with the cluster `assemble` spawns into it.
-pub fn build_with<E>(
+pub fn build_with<E: Actor, H: Actor, V: Actor>(
     cfg: &EmbeddedConfig,
-    assemble: impl FnOnce(&mut Sim, &EmbeddedConfig) -> Result<Assembled<E>, BuildError>,
-) -> Result<EmbeddedCluster<E>, BuildError> {
+    assemble: impl FnOnce(&mut Sim, &EmbeddedConfig) -> Result<Assembled<E, H, V>, BuildError>,
+) -> Result<EmbeddedCluster<E, H, V>, BuildError> {
     let mut sc = SimConfig::new(cfg.seed);
     sc.default_link = LinkModel::constant(100 * MICROS);
     sc.local_link = LinkModel::constant(10 * MICROS);
@@ -296,16 +310,71 @@ pub fn build_with<E>(
     })
 }
 
+/// Where a cluster's executions come from: the harness and evaluator
+/// backends (the built-in task, or external harness processes behind the
+/// gateway).
+pub trait TaskBackends {
+    type Harness: Actor<Msg: From<HarnessReq>>;
+    type Evaluator: Actor<Msg: From<EvalReq>>;
+    fn harness(&mut self, shared: &Shared) -> Result<Self::Harness, BuildError>;
+    fn evaluator(&mut self) -> Result<Self::Evaluator, BuildError>;
+    /// Where the engines stream every sampled token, if anywhere (the
+    /// tap's owner then writes the records).
+    fn token_tap(&self) -> Option<Arc<dyn TokenTap>> {
+        None
+    }
+}
+
+/// The built-in agent task (`src/embedded/task/`).
+pub struct BuiltInTask {
+    cfg: TaskConfig,
+    workspaces: Arc<Workspaces>,
+    seed: u64,
+}
+
+impl BuiltInTask {
+    /// The task of `cfg`, over `workspaces` (the board its harness and
+    /// evaluator share).
+    pub fn new(cfg: &EmbeddedConfig, workspaces: Arc<Workspaces>) -> Self {
+        BuiltInTask {
+            cfg: cfg.task.clone(),
+            workspaces,
+            seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+        }
+    }
+}
+
+impl TaskBackends for BuiltInTask {
+    type Harness = HarnessWorker;
+    type Evaluator = EvaluatorWorker;
+
+    fn harness(&mut self, shared: &Shared) -> Result<HarnessWorker, BuildError> {
+        Ok(HarnessWorker::new(
+            self.cfg.clone(),
+            shared,
+            self.workspaces.clone(),
+            self.seed,
+        )?)
+    }
+
+    fn evaluator(&mut self) -> Result<EvaluatorWorker, BuildError> {
+        Ok(EvaluatorWorker::new(
+            self.cfg.clone(),
+            self.workspaces.clone(),
+            self.seed,
+        )?)
+    }
+}
+
 /// The embedded backends: the real policy's engines and trainers, the
-/// built-in task, one in-process payload store.
-pub struct EmbeddedBackends {
+/// task's harness and evaluator, and the payload store of `shared`.
+pub struct EmbeddedBackends<T: TaskBackends = BuiltInTask> {
     cfg: EmbeddedConfig,
     params: ParamBuffer,
     shared: Shared,
-    workspaces: Arc<Workspaces>,
+    task: T,
     /// The in-process payload store, when the factory made it.
     blobs: Option<Arc<MemBlobs>>,
-    task_seed: u64,
     engine_handles: Vec<EngineHandle>,
     trainer_handles: Vec<TrainerHandle>,
     observer: Option<Recipient<UpdateSummary>>,
@@ -313,12 +382,25 @@ pub struct EmbeddedBackends {
 
 impl EmbeddedBackends {
     /// The factory over `shared` (its boards and payload store may be
-    /// in-process or a cluster's transfer plane); the initial weights are
-    /// drawn from the seed, so every process of a cluster draws the same.
+    /// in-process or a cluster's transfer plane) with the built-in task;
+    /// the initial weights are drawn from the seed, so every process of a
+    /// cluster draws the same.
     pub fn new(
         cfg: &EmbeddedConfig,
         shared: Shared,
         workspaces: Arc<Workspaces>,
+        observer: Option<Recipient<UpdateSummary>>,
+    ) -> Result<Self, BuildError> {
+        Self::with_task(cfg, shared, BuiltInTask::new(cfg, workspaces), observer)
+    }
+}
+
+impl<T: TaskBackends> EmbeddedBackends<T> {
+    /// The factory over `shared` with the harness and evaluator of `task`.
+    pub fn with_task(
+        cfg: &EmbeddedConfig,
+        shared: Shared,
+        task: T,
         observer: Option<Recipient<UpdateSummary>>,
     ) -> Result<Self, BuildError> {
         if !matches!(cfg.sched.samples, SampleMode::Recorded(_)) {
@@ -331,18 +413,45 @@ impl EmbeddedBackends {
             cfg: cfg.clone(),
             params,
             shared,
-            workspaces,
+            task,
             blobs: None,
-            task_seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
             engine_handles: Vec::new(),
             trainer_handles: Vec::new(),
             observer,
         })
     }
 
+    /// The backends of `cfg` in one process: the model's initial weights
+    /// published as version 0, one in-process payload store.
+    pub(crate) fn in_process(
+        cfg: &EmbeddedConfig,
+        task: T,
+        observer: Option<Recipient<UpdateSummary>>,
+    ) -> Result<Self, BuildError> {
+        let blobs = MemBlobs::shared();
+        let store: Arc<dyn BlobStore> = blobs.clone();
+        let shared = Shared::new(cfg.model.clone(), store);
+        let mut factory = Self::with_task(cfg, shared, task, observer)?;
+        let params = factory.initial_params();
+        factory
+            .shared
+            .weights
+            .publish(params.version, Arc::from(params.encode()));
+        factory.blobs = Some(blobs);
+        Ok(factory)
+    }
+
     /// The weights every engine and trainer starts from (version 0).
     pub fn initial_params(&self) -> &ParamBuffer {
         &self.params
+    }
+
+    fn engine_worker(&self, ix: EngineIx, handle: EngineHandle, seed: u64) -> EngineWorker {
+        let w = EngineWorker::new(ix, handle, self.shared.clone(), seed);
+        match self.task.token_tap() {
+            Some(tap) => w.with_tap(tap),
+            None => w,
+        }
     }
 
     fn engine(&self, slots: u32) -> Result<EngineHandle, BuildError> {
@@ -392,21 +501,20 @@ impl EmbeddedBackends {
     }
 }
 
-impl BackendFactory for EmbeddedBackends {
+impl<T: TaskBackends> BackendFactory for EmbeddedBackends<T> {
     type Engine = EngineWorker;
     type Trainer = TrainerWorker;
     type Memory = MemoryWorker;
     type Transfer = TransferWorker;
-    type Harness = HarnessWorker;
-    type Evaluator = EvaluatorWorker;
+    type Harness = T::Harness;
+    type Evaluator = T::Evaluator;
     type Error = BuildError;
 
     fn cell(&mut self, c: u32, slots: u32) -> Result<CellBackends<Self>, BuildError> {
         let eh = self.engine(slots)?;
-        let engine = EngineWorker::new(
+        let engine = self.engine_worker(
             EngineIx::Cell(c),
             eh.clone(),
-            self.shared.clone(),
             self.engine_seed(u64::from(c)),
         );
         let (trainer, memory) = self.training_side(c, Some(eh.clone()))?;
@@ -421,35 +529,19 @@ impl BackendFactory for EmbeddedBackends {
     fn pool(&mut self, slots: u32) -> Result<EngineWorker, BuildError> {
         let eh = self.engine(slots)?;
         let seed = self.engine_seed(0xffff);
-        Ok(EngineWorker::new(
-            EngineIx::Pool,
-            eh,
-            self.shared.clone(),
-            seed,
-        ))
+        Ok(self.engine_worker(EngineIx::Pool, eh, seed))
     }
 
     fn transfer(&mut self) -> Result<TransferWorker, BuildError> {
         Ok(TransferWorker::new(self.shared.clone()))
     }
 
-    fn harness(&mut self) -> Result<HarnessWorker, BuildError> {
-        let h = HarnessWorker::new(
-            self.cfg.task.clone(),
-            &self.shared,
-            self.workspaces.clone(),
-            self.task_seed,
-        )?;
-        Ok(h)
+    fn harness(&mut self) -> Result<T::Harness, BuildError> {
+        self.task.harness(&self.shared)
     }
 
-    fn evaluator(&mut self) -> Result<EvaluatorWorker, BuildError> {
-        let e = EvaluatorWorker::new(
-            self.cfg.task.clone(),
-            self.workspaces.clone(),
-            self.task_seed,
-        )?;
-        Ok(e)
+    fn evaluator(&mut self) -> Result<T::Evaluator, BuildError> {
+        self.task.evaluator()
     }
 
     fn kv_bytes_per_token(&self) -> u64 {
@@ -475,26 +567,39 @@ pub fn assemble_observed<H: Host>(
     cfg: &EmbeddedConfig,
     observer: Option<Recipient<UpdateSummary>>,
 ) -> Result<Assembled, BuildError> {
-    let mut factory = EmbeddedBackends::in_process(cfg, observer)?;
-    assemble_from(host, cfg, &mut factory, |f| f)
+    let workspaces = Arc::new(Workspaces::new());
+    let task = BuiltInTask::new(cfg, workspaces.clone());
+    assemble_with(host, cfg, observer, task, workspaces)
+}
+
+/// [`assemble_observed`] with the harness and evaluator backends of
+/// `task`; `workspaces` is the built-in task's board (empty for others).
+pub fn assemble_with<H: Host, T: TaskBackends>(
+    host: &mut H,
+    cfg: &EmbeddedConfig,
+    observer: Option<Recipient<UpdateSummary>>,
+    task: T,
+    workspaces: Arc<Workspaces>,
+) -> Result<Assembled<EngineWorker, T::Harness, T::Evaluator>, BuildError> {
+    let mut factory = EmbeddedBackends::in_process(cfg, task, observer)?;
+    assemble_from(host, cfg, &mut factory, workspaces, |f| f)
 }
 
 /// Spawns the cluster `factory` makes (the embedded backends, or a
 /// factory around them, which `inner` reaches) on `host`.
-pub(crate) fn assemble_from<H: Host, F>(
+pub(crate) fn assemble_from<H: Host, T: TaskBackends, F>(
     host: &mut H,
     cfg: &EmbeddedConfig,
     factory: &mut F,
-    inner: impl Fn(&mut F) -> &mut EmbeddedBackends,
-) -> Result<Assembled<F::Engine>, BuildError>
+    workspaces: Arc<Workspaces>,
+    inner: impl Fn(&mut F) -> &mut EmbeddedBackends<T>,
+) -> Result<Assembled<F::Engine, F::Harness, F::Evaluator>, BuildError>
 where
     F: BackendFactory<
             Error = BuildError,
             Trainer = TrainerWorker,
             Memory = MemoryWorker,
             Transfer = TransferWorker,
-            Harness = HarnessWorker,
-            Evaluator = EvaluatorWorker,
         >,
 {
     let plan = ClusterPlan::for_config(&cfg.sched);
@@ -515,31 +620,9 @@ where
         sched,
         backends,
         shared: e.shared.clone(),
-        workspaces: e.workspaces.clone(),
+        workspaces,
         blobs: e.blobs.clone().ok_or(BuildError::NotInProcess)?,
     })
-}
-
-impl EmbeddedBackends {
-    /// The backends of `cfg` in one process: the model's initial weights
-    /// published as version 0, the task's workspaces, one in-process
-    /// payload store.
-    pub(crate) fn in_process(
-        cfg: &EmbeddedConfig,
-        observer: Option<Recipient<UpdateSummary>>,
-    ) -> Result<Self, BuildError> {
-        let blobs = MemBlobs::shared();
-        let store: Arc<dyn BlobStore> = blobs.clone();
-        let shared = Shared::new(cfg.model.clone(), store);
-        let mut factory = Self::new(cfg, shared, Arc::new(Workspaces::new()), observer)?;
-        let params = factory.initial_params();
-        factory
-            .shared
-            .weights
-            .publish(params.version, Arc::from(params.encode()));
-        factory.blobs = Some(blobs);
-        Ok(factory)
-    }
 }
 
 /// Keys and values of every layer, f32.

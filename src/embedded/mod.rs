@@ -22,6 +22,7 @@
 pub mod actix;
 pub mod cluster;
 pub mod engine;
+pub mod external;
 pub mod live;
 pub mod memory;
 pub mod run;

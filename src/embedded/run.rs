@@ -167,11 +167,11 @@ pub fn rewards(task: &TaskStats) -> (Vec<VersionReward>, Option<f64>, Option<f64
 }
 
 /// A backend actor's state, if it is alive.
-pub fn worker_of<W: Actor, E>(c: &EmbeddedCluster<E>, addr: Addr<W>) -> Option<&W> {
+pub fn worker_of<W: Actor, E: Actor>(c: &EmbeddedCluster<E>, addr: Addr<W>) -> Option<&W> {
     c.sim.actor(addr)
 }
 
-fn core<E>(c: &EmbeddedCluster<E>) -> Option<&Core> {
+fn core<E: Actor>(c: &EmbeddedCluster<E>) -> Option<&Core> {
     let peers = c.sim.actor(c.sched)?.peers()?;
     c.sim.actor(peers.core)
 }

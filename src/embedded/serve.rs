@@ -24,13 +24,13 @@ use gyre_actors::sched::plan::{BackendFactory, CellBackends, Host};
 use gyre_runtime::BlobStore;
 
 use super::cluster::{
-    Assembled, BuildError, EmbeddedBackends, EmbeddedCluster, EmbeddedConfig, assemble_from,
-    build_with,
+    Assembled, BuildError, BuiltInTask, EmbeddedBackends, EmbeddedCluster, EmbeddedConfig,
+    assemble_from, build_with,
 };
 use super::engine::EngineStats;
 use super::memory::MemoryWorker;
 use super::run::{EngineBackend, RunError, TrainReport, run_built};
-use super::task::{EvaluatorWorker, HarnessWorker};
+use super::task::{EvaluatorWorker, HarnessWorker, Workspaces};
 use super::trainer::TrainerWorker;
 use super::transfer::TransferWorker;
 use crate::backends::sglang::adapter::{AdapterConfig, SglangEngine};
@@ -143,13 +143,15 @@ pub fn assemble_serve<H: Host>(
             }
         )));
     }
+    let workspaces = Arc::new(Workspaces::new());
+    let task = BuiltInTask::new(cfg, workspaces.clone());
     let mut factory = ServeBackends {
-        inner: EmbeddedBackends::in_process(cfg, None)?,
+        inner: EmbeddedBackends::in_process(cfg, task, None)?,
         urls: urls.to_vec(),
         adapter,
         client: ClientConfig::default(),
     };
-    assemble_from(host, cfg, &mut factory, |f| &mut f.inner)
+    assemble_from(host, cfg, &mut factory, workspaces, |f| &mut f.inner)
 }
 
 /// Runs `cfg` in the simulator with its engines at `urls` until every

@@ -52,8 +52,19 @@ pub enum EngineFinish {
 /// What an engine sends back, in order: tokens, then exactly one finish.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
-    Token { id: u32, logprob: f32 },
+    Token {
+        id: u32,
+        logprob: f32,
+    },
     Finish(EngineFinish),
+    /// Who sampled the tokens that follow, for an engine that is several
+    /// (the scheduling plane's cells and pool): the record names the
+    /// engine and version of the first. Without it the record takes
+    /// [`Engine::name`] and [`Engine::policy_version`].
+    Served {
+        engine: String,
+        version: u64,
+    },
 }
 
 /// A running generation. Dropping it or cancelling stops the engine.
@@ -98,4 +109,10 @@ pub trait Engine: Send + Sync + 'static {
 pub struct PrefillStats {
     pub prefilled: u64,
     pub reused: u64,
+}
+
+/// Hears every record once it is durable (the scheduling plane takes the
+/// gateway's records for training through one).
+pub trait RecordSink: Send + Sync + 'static {
+    fn committed(&self, record: &gyre_actors::trajectory::TitoRecord);
 }

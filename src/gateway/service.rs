@@ -12,7 +12,7 @@ use rand::Rng;
 use tokio::sync::Semaphore;
 
 use super::chat::{ChatRequest, Message, ToolCall};
-use super::engine::{Engine, SamplingParams};
+use super::engine::{Engine, RecordSink, SamplingParams};
 use super::execution::{Execution, ExecutionMeta, StoredCall, chain_hashes, chain_start};
 use super::parse::ToolFormat;
 use super::render::{PriorCall, Renderer};
@@ -98,6 +98,7 @@ pub struct Gateway {
     pub permits: Arc<Semaphore>,
     executions: RwLock<HashMap<String, Arc<Mutex<Execution>>>>,
     keys: RwLock<HashMap<String, String>>,
+    sink: Option<Arc<dyn RecordSink>>,
 }
 
 /// A call ready for the engine.
@@ -119,6 +120,9 @@ pub struct Produced {
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
     pub reply: Message,
+    /// Engine and policy version of the first token, when the engine
+    /// reported them; else the engine's name and current version.
+    pub served: Option<(String, u64)>,
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -174,7 +178,14 @@ impl Gateway {
             metrics: Metrics::default(),
             executions: RwLock::new(executions),
             keys: RwLock::new(keys),
+            sink: None,
         })
+    }
+
+    /// Every committed record is also handed to `sink`.
+    pub fn with_record_sink(mut self, sink: Arc<dyn RecordSink>) -> Self {
+        self.sink = Some(sink);
+        self
     }
 
     pub fn create_execution(
@@ -346,8 +357,15 @@ impl Gateway {
             parent_call: None,
             role: None,
             purpose: CallPurpose::Policy,
-            policy_version: self.engine.policy_version(),
-            engine: Some(self.engine.name().to_string()),
+            policy_version: produced
+                .served
+                .as_ref()
+                .map_or_else(|| self.engine.policy_version(), |s| s.1),
+            engine: Some(
+                produced
+                    .served
+                    .map_or_else(|| self.engine.name().to_string(), |s| s.0),
+            ),
             start_ns: p.start_ns,
             end_ns: now_ns().max(p.start_ns),
             input_ids: p.prompt.to_vec(),
@@ -379,6 +397,9 @@ impl Gateway {
             .await
             .map_err(|err| CallError::Internal(err.to_string()))?;
         lock(&exec).apply(&stored);
+        if let Some(sink) = &self.sink {
+            sink.committed(&stored.record);
+        }
         self.metrics.calls_committed.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .input_tokens

@@ -46,6 +46,9 @@ pub struct Outcome {
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
     pub reply: Message,
+    /// The engine and version that sampled the first token, if the engine
+    /// said ([`EngineEvent::Served`]).
+    pub served: Option<(String, u64)>,
 }
 
 /// Output ids → text deltas, holding back incomplete UTF-8.
@@ -225,6 +228,7 @@ pub async fn run(
     let deadline = tokio::time::Instant::now() + gw.config.request_timeout;
     let mut finish = None;
     let mut hit = None;
+    let mut served = None;
     while finish.is_none() && hit.is_none() {
         let event = tokio::time::timeout_at(deadline, generation.events.recv())
             .await
@@ -251,6 +255,11 @@ pub async fn run(
                 hit = s;
                 let deltas = reply.take(parser.push(&ready), id_prefix, p.call_index);
                 send(deltas, frames, out).await?;
+            }
+            Some(EngineEvent::Served { engine, version }) => {
+                if ids.is_empty() || served.is_none() {
+                    served = Some((engine, version));
+                }
             }
             Some(EngineEvent::Finish(f)) if !matches!(f, EngineFinish::Failed(_)) => {
                 finish = Some(f)
@@ -310,6 +319,7 @@ pub async fn run(
         output_ids: ids,
         output_logprobs: logprobs,
         reply: message,
+        served,
     })
 }
 
@@ -319,6 +329,7 @@ pub async fn commit(gw: &Gateway, p: Prepared, o: &Outcome) -> Result<Prepared, 
         output_ids: o.output_ids.clone(),
         output_logprobs: o.output_logprobs.clone(),
         reply: o.reply.clone(),
+        served: o.served.clone(),
     };
     gw.commit(&p, produced).await.map(|_| p)
 }

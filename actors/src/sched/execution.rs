@@ -177,6 +177,11 @@ impl Actor for Execution {
                 };
                 self.close(status, false, cx);
             }
+            ExecMsg::Harness(HarnessEvent::Recorded { call, record }) => {
+                if self.state == ExecState::Running && call.exec == self.id && record.is_some() {
+                    self.records.push(record);
+                }
+            }
             ExecMsg::Answer {
                 call,
                 output_tokens,

@@ -12,6 +12,7 @@
 
 mod ops;
 mod record;
+pub mod tap;
 mod worker;
 
 #[cfg(test)]
@@ -19,6 +20,7 @@ mod tests;
 
 pub use ops::CallKey;
 pub use record::{call_seed, engine_name};
+pub use tap::TokenTap;
 pub use worker::{EngineWorker, EngineWorkerMsg};
 
 /// What an engine worker did, for tests and the run summary.

@@ -13,6 +13,7 @@ use gyre_gpu::engine::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::tap::Tapping;
 use crate::embedded::shared::{KvStore, WeightStore};
 
 /// One attempt of one call: a retried call is a new attempt, answered on
@@ -43,6 +44,10 @@ pub enum Submitted {
         reused: u64,
         /// Why adopted blocks could not be used, if they were offered.
         kv_refused: Option<String>,
+        /// Output tokens of earlier attempts the request continues after
+        /// (only with a token tap; 0 otherwise).
+        #[serde(default)]
+        resumed: usize,
     },
     /// The engine refused the request itself (outside the vocabulary, too
     /// long for the context, bad sampling parameters): retrying elsewhere
@@ -155,6 +160,7 @@ fn submit_one(engine: &mut Engine, kv: &dyn KvStore, s: Submit) -> Submitted {
                         prefill: prompt - reused,
                         reused,
                         kv_refused: None,
+                        resumed: 0,
                     };
                 }
                 Err(why) => kv_refused = Some(why),
@@ -168,17 +174,36 @@ fn submit_one(engine: &mut Engine, kv: &dyn KvStore, s: Submit) -> Submitted {
             prefill: prompt,
             reused: 0,
             kv_refused,
+            resumed: 0,
         },
         Err(e) => Submitted::Invalid(e.to_string()),
     }
 }
 
-/// Queues `submits`, then runs one iteration of the engine.
-pub fn step(engine: &mut Engine, kv: &dyn KvStore, submits: Vec<Submit>) -> Stepped {
-    let submitted = submits
-        .into_iter()
-        .map(|s| (s.key, submit_one(engine, kv, s)))
-        .collect();
+/// Queues `submits`, then runs one iteration of the engine; with a tap,
+/// a new attempt first continues after its earlier attempts' output, and
+/// every request's tokens so far go to the tap after the iteration.
+pub fn step(
+    engine: &mut Engine,
+    kv: &dyn KvStore,
+    submits: Vec<Submit>,
+    tapping: Option<&Tapping>,
+) -> Stepped {
+    let mut tapped = tapping.map(|t| t.running.clone()).unwrap_or_default();
+    let mut submitted = Vec::with_capacity(submits.len());
+    for mut s in submits {
+        let key = s.key;
+        let resumed = tapping.map_or(0, |t| t.resume(key.call, &mut s.request));
+        let mut sub = submit_one(engine, kv, s);
+        if let Submitted::Queued {
+            req, resumed: r, ..
+        } = &mut sub
+        {
+            *r = resumed;
+            tapped.push((*req, key.call, resumed));
+        }
+        submitted.push((key, sub));
+    }
     let mut out = Stepped {
         submitted,
         finished: Vec::new(),
@@ -188,6 +213,15 @@ pub fn step(engine: &mut Engine, kv: &dyn KvStore, submits: Vec<Submit>) -> Step
     };
     match engine.step() {
         Ok(done) => {
+            if let Some(t) = tapping {
+                t.progress(engine, &tapped);
+                for c in &done {
+                    if let Some(&(_, call, at)) = tapped.iter().find(|r| r.0 == c.id) {
+                        t.tap
+                            .sampled(call, at, &c.tokens, &c.logprobs, t.engine, c.versions.1);
+                    }
+                }
+            }
             out.finished = done
                 .into_iter()
                 .filter(|c| c.finish != FinishReason::Aborted)
@@ -400,6 +434,7 @@ mod tests {
                     adopt: false,
                 },
             ],
+            None,
         );
         assert!(matches!(out.submitted[0].1, Submitted::Invalid(_)));
         assert!(matches!(
@@ -434,6 +469,7 @@ mod tests {
                     adopt: true,
                 },
             ],
+            None,
         );
         for (_, s) in &out.submitted {
             let Submitted::Queued {

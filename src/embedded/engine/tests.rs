@@ -414,3 +414,58 @@ fn bad_prompts_are_answered_empty_and_the_engine_keeps_serving() {
     let s = r.stats(eng);
     assert_eq!((s.bad_prompts, s.served, s.errors), (4, 1, 0));
 }
+
+#[test]
+fn with_a_tap_tokens_stream_as_sampled_and_a_retry_continues_after_them() {
+    use super::tap::TokenTap;
+    use super::tap::tests::RecordingTap;
+    let mut r = Rig::new();
+    let tap = Arc::new(RecordingTap::default());
+    let tapped = |r: &mut Rig, ix| {
+        let handle: EngineHandle = Arc::new(Mutex::new(new_engine()));
+        let w = EngineWorker::new(ix, handle, r.shared.clone(), SEED).with_tap(tap.clone());
+        r.sim.spawn(NodeId(1), w)
+    };
+    let a = tapped(&mut r, EngineIx::Cell(0));
+    let b = tapped(&mut r, EngineIx::Pool);
+    let p = prompt((3..23).collect(), 16);
+    let blob = r.put(&p);
+    let c = call(6, 0);
+    r.serve(a, c, 1, blob);
+    r.sim.run_until(5 * MILLIS).unwrap();
+    // Tokens are out before the call is answered.
+    let early = tap.resume(c).len();
+    assert!(r.calls().is_empty());
+    assert!(early > 0 && early < 16, "{early} tokens streamed");
+    let cell = r.cell;
+    r.send(a, EngineReq::StopAdmitting { reply_to: cell });
+    r.send(a, EngineReq::CancelAll { reply_to: cell });
+    r.sim.run().unwrap();
+    assert!(matches!(
+        r.calls()[..],
+        [CallEvent::Cancelled { attempt: 1, .. }]
+    ));
+    let k = tap.resume(c).len();
+    assert!(k >= early && k < 16);
+    // The proxy's retry on the pool continues after the k tokens.
+    r.serve(b, c, 2, blob);
+    r.sim.run().unwrap();
+    let got = r.calls();
+    let (gc, attempt, n, _, out) = done(&got[0]);
+    assert_eq!((gc, attempt, n), (c, 2, 16));
+    assert_eq!(out, BlobId::NONE, "the tap's owner records the call");
+    let streamed = lock(&tap.calls).get(&c).cloned().unwrap();
+    assert_eq!(streamed.len(), 16, "one output across both engines");
+    assert!(streamed[..k].iter().all(|t| t.2 == EngineIx::Cell(0)));
+    assert!(streamed[k..].iter().all(|t| t.2 == EngineIx::Pool));
+    // The first engine's tokens are what it alone would have sampled.
+    let want = reference(&p, c, &params(1, 0));
+    let ids: Vec<u32> = streamed.iter().map(|t| t.0).collect();
+    assert_eq!(ids[..k], want.tokens[..k]);
+    // The pool prefilled the prompt and the k tokens, then decoded the rest.
+    let s = r.stats(b);
+    assert_eq!(
+        (s.prefilled_tokens, s.output_tokens),
+        (20 + k as u64, 16 - k as u64)
+    );
+}

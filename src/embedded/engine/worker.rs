@@ -15,6 +15,7 @@
 //! are answered `Rejected`, which the proxy retries on the next route.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::EngineStats;
 use super::ops::{self, CallKey, JobOut, Stepped, Submit, Submitted, WeightsOutcome};
 use super::record::{self, Served};
+use super::tap::{Tapping, TokenTap};
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 use crate::embedded::work::Work;
 
@@ -68,6 +70,9 @@ struct Live {
     start_ns: Nanos,
     /// Its engine request, once submitted.
     req: Option<ReqId>,
+    /// Output tokens of earlier attempts this one continues after (with a
+    /// token tap).
+    resumed: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -135,6 +140,9 @@ pub struct EngineWorker {
     pins: BTreeMap<ExecId, (PinId, u64)>,
     controls: VecDeque<Queued>,
     running: Option<Running>,
+    /// Where sampled tokens stream to; with one, calls continue after
+    /// their earlier attempts and the client's side writes the records.
+    tap: Option<Arc<dyn TokenTap>>,
     stats: EngineStats,
 }
 
@@ -163,8 +171,17 @@ impl EngineWorker {
             pins: BTreeMap::new(),
             controls: VecDeque::new(),
             running: None,
+            tap: None,
             stats: EngineStats::default(),
         }
+    }
+
+    /// Streams every sampled token to `tap` (see [`super::tap`]). The
+    /// calls are then recorded where they are streamed to: `Done` carries
+    /// no record of the engine's.
+    pub fn with_tap(mut self, tap: Arc<dyn TokenTap>) -> Self {
+        self.tap = Some(tap);
+        self
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -223,6 +240,7 @@ impl EngineWorker {
                 prompt: None,
                 start_ns: cx.now(),
                 req: None,
+                resumed: 0,
             },
         );
         let read = PayloadRead::new(self.shared.blobs.clone(), prompt).decoded::<Prompt>();
@@ -267,6 +285,18 @@ impl EngineWorker {
         version: Version,
         cx: &mut Cx<'_, Self>,
     ) {
+        if self.tap.is_some() {
+            // The tap's owner records the call (every token went there).
+            let output_tokens = (live.resumed + output.len()) as u64;
+            return self.recorded(
+                key,
+                live.reply_to,
+                output_tokens,
+                version,
+                Ok(BlobId::NONE),
+                cx,
+            );
+        }
         let served = Served {
             call: key.call,
             engine: self.ix,
@@ -371,6 +401,15 @@ impl EngineWorker {
 
     fn issue_step(&mut self, cx: &mut Cx<'_, Self>) {
         let keys: Vec<CallKey> = self.to_submit.drain(..).collect();
+        let tapping = self.tap.clone().map(|tap| Tapping {
+            tap,
+            engine: self.ix,
+            running: self
+                .calls
+                .iter()
+                .filter_map(|(k, l)| Some((l.req?, k.call, l.resumed)))
+                .collect(),
+        });
         let mut adopted = Vec::new();
         let mut submits = Vec::new();
         for key in &keys {
@@ -392,7 +431,7 @@ impl EngineWorker {
             "engine.step",
             Running::Step { keys, adopted },
             cx,
-            move |e, s| JobOut::Stepped(ops::step(e, &*s.kv, submits)),
+            move |e, s| JobOut::Stepped(ops::step(e, &*s.kv, submits, tapping.as_ref())),
         );
     }
 
@@ -488,11 +527,13 @@ impl EngineWorker {
                     prefill,
                     reused,
                     kv_refused,
+                    resumed,
                 } => {
                     let Some(live) = self.calls.get_mut(&key) else {
                         continue;
                     };
                     live.req = Some(req);
+                    live.resumed = resumed;
                     self.by_req.insert(req, key);
                     self.stats.prefilled_tokens += prefill;
                     self.stats.adopted_tokens += reused;

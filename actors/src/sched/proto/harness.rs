@@ -50,4 +50,13 @@ pub enum HarnessEvent {
     Finished {
         outcome: HarnessOutcome,
     },
+    /// The TITO record of `call`, written by the harness's side itself: a
+    /// gateway in front of an external harness records every call it
+    /// streams, and its engines' answers then carry no record (`output` is
+    /// `BlobId::NONE`). The execution keeps it as it keeps an engine's
+    /// record (see [`super::payload`]); sent before `Finished`.
+    Recorded {
+        call: CallId,
+        record: BlobId,
+    },
 }

@@ -10,7 +10,9 @@
 //! - `CallEvent::Done.output` / `ExecMsg::Answer.output` /
 //!   `HarnessReq::Answer.output` / `EvalJob.records` /
 //!   `BufferMsg::Resolved.records` / `Sample.records`: a bincode-encoded
-//!   [`TitoRecord`] of that call (SPEC 3.1), written by the engine. The
+//!   [`TitoRecord`] of that call (SPEC 3.1), written by the engine, or by the
+//!   gateway (`HarnessEvent::Recorded.record`, when the engine streams its
+//!   tokens there and answers with `BlobId::NONE`). The
 //!   recorded sample source releases each once inserted into its tree, or
 //!   when the execution does not train.
 //! - `MicroStep.rows` / `TrainerReq::FwdBwd.rows`: a [`MicroStepRows`],

@@ -1,0 +1,13 @@
+from solution import fizzbuzz
+
+
+def test_small():
+    assert fizzbuzz(5) == ["1", "2", "Fizz", "4", "Buzz"]
+
+
+def test_fifteen():
+    assert fizzbuzz(15)[-1] == "FizzBuzz"
+
+
+def test_empty():
+    assert fizzbuzz(0) == []

@@ -1,0 +1,13 @@
+from solution import reverse_words
+
+
+def test_two():
+    assert reverse_words("hello world") == "world hello"
+
+
+def test_spaces():
+    assert reverse_words("  a   b c ") == "c b a"
+
+
+def test_empty():
+    assert reverse_words("") == ""

@@ -1,0 +1,149 @@
+//! The front: the async side of the bridge, where I/O happens. It hears
+//! the bridge's [`ToFront`] requests on a probe address, creates each
+//! execution at the gateway (its own key), gives it a fresh workspace and
+//! starts its harness through the [`HarnessLauncher`]; when the program
+//! ends it closes the gateway execution (the key stops working) and tells
+//! the bridge. It also relays the proxy's answers to the call streams and
+//! forwards the inbox into the bridge actor in order.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use gyre_actors::sched::ids::{ExecId, GroupId};
+use gyre_actors::sched::proto::harness::HarnessOutcome;
+use gyre_runtime::live::LiveNode;
+use gyre_runtime::{ActorId, Addr};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use super::board::{Board, RunInfo};
+use super::bridge::{BridgeMsg, GatewayHarness, ToFront};
+use super::launcher::{HarnessLauncher, LaunchSpec};
+use super::plane::{Executions, Inbox};
+use super::streams::CallStreams;
+use crate::embedded::task::TaskConfig;
+use crate::gateway::service::Gateway;
+
+/// Sends the inbox's messages into the bridge actor, one at a time.
+pub async fn forward(
+    node: LiveNode,
+    from: ActorId,
+    bridge: Addr<GatewayHarness>,
+    mut inbox: mpsc::UnboundedReceiver<BridgeMsg>,
+) {
+    while let Some(msg) = inbox.recv().await {
+        if let Err(error) = node.send(from, bridge, msg).await {
+            tracing::debug!(%error, "the bridge is gone; the inbox stops");
+            return;
+        }
+    }
+}
+
+pub struct Front {
+    pub gateway: Arc<Gateway>,
+    pub launcher: Arc<dyn HarnessLauncher>,
+    pub executions: Arc<Executions>,
+    pub streams: Arc<CallStreams>,
+    pub inbox: Inbox,
+    pub board: Arc<Board>,
+    pub task: TaskConfig,
+    /// `http://HOST:PORT` of the gateway's API listener.
+    pub api_base: String,
+    /// Workspaces and logs go under it.
+    pub dir: PathBuf,
+    pub runs: HashMap<ExecId, (String, AbortHandle)>,
+}
+
+impl Front {
+    pub async fn run(mut self, mut requests: mpsc::Receiver<(ActorId, ToFront)>) {
+        while let Some((_, msg)) = requests.recv().await {
+            match msg {
+                ToFront::Begin { exec, group } => self.begin(exec, group),
+                ToFront::Answered { call } => {
+                    self.executions.answered(call);
+                    self.streams.answered(call);
+                }
+                ToFront::Abort { exec } => self.abort(exec),
+            }
+        }
+        self.stop_all();
+    }
+
+    /// Kills every harness still running.
+    pub fn stop_all(&mut self) {
+        for (_, (id, h)) in self.runs.drain() {
+            h.abort();
+            let _ = self.gateway.close_execution(&id);
+        }
+    }
+
+    fn fail(&self, exec: ExecId, why: String) {
+        tracing::warn!(?exec, %why, "the harness could not start");
+        let outcome = HarnessOutcome::Failed { complete: true };
+        self.board.count(|s| s.failed += 1);
+        let _ = self.inbox.send(BridgeMsg::Finished { exec, outcome });
+    }
+
+    fn begin(&mut self, exec: ExecId, group: GroupId) {
+        self.runs.retain(|_, (_, h)| !h.is_finished());
+        let query = self.task.query(group.0);
+        let meta = match self.gateway.create_execution(
+            Some(serde_json::json!({ "query": query })),
+            Some(group.0.to_string()),
+        ) {
+            Ok(m) => m,
+            Err(e) => return self.fail(exec, format!("gateway execution: {}", e.message())),
+        };
+        let workspace = self.dir.join("workspaces").join(format!("e{}", exec.0));
+        let logs = self.dir.join("logs");
+        for d in [&workspace, &logs] {
+            if let Err(e) = std::fs::create_dir_all(d) {
+                return self.fail(exec, format!("{}: {e}", d.display()));
+            }
+        }
+        self.executions.register(&meta.id, exec);
+        self.board.begin(
+            exec,
+            RunInfo {
+                execution: meta.id.clone(),
+                query,
+                workspace: workspace.clone(),
+                outcome: None,
+                version: None,
+            },
+        );
+        let run = self.launcher.launch(LaunchSpec {
+            execution: meta.id.clone(),
+            key: meta.key,
+            api_base: self.api_base.clone(),
+            query,
+            group: group.0,
+            workspace,
+            log: logs.join(format!("e{}.log", exec.0)),
+        });
+        let (gateway, board, inbox, id, executions) = (
+            self.gateway.clone(),
+            self.board.clone(),
+            self.inbox.clone(),
+            meta.id.clone(),
+            self.executions.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let outcome = run.await;
+            executions.finished(exec);
+            let _ = gateway.close_execution(&id);
+            board.finished(exec, outcome);
+            let _ = inbox.send(BridgeMsg::Finished { exec, outcome });
+        });
+        self.runs.insert(exec, (meta.id, task.abort_handle()));
+    }
+
+    fn abort(&mut self, exec: ExecId) {
+        if let Some((id, h)) = self.runs.remove(&exec) {
+            h.abort();
+            let _ = self.gateway.close_execution(&id);
+            self.board.count(|s| s.aborted += 1);
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! How an external harness is started: the one plug point between the
+//! gateway front and whatever runs agent programs.
+//!
+//! The front creates the gateway execution (its key), a fresh workspace
+//! and a log path, and hands them to a [`HarnessLauncher`] as a
+//! [`LaunchSpec`]; the launcher returns a future that resolves with the
+//! run's [`HarnessOutcome`] once the program has ended. Dropping that
+//! future (an abort) must stop the program. [`CommandLauncher`] is the
+//! in-tree one: one command per execution, the standard environment, the
+//! workspace as its working directory, a timeout. A fuller runner (process
+//! groups, rlimits, sandboxes, task folders) implements the same trait.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::time::Duration;
+
+use gyre_actors::sched::proto::harness::HarnessOutcome;
+
+/// A running harness: resolves when it has ended; dropped, it is stopped.
+pub type HarnessRun = Pin<Box<dyn Future<Output = HarnessOutcome> + Send>>;
+
+/// Everything a harness program is told about its execution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchSpec {
+    /// The gateway's execution id (`GYRE_EXECUTION`).
+    pub execution: String,
+    /// The execution's API key: it reaches only this execution.
+    pub key: String,
+    /// The gateway's API address, `http://HOST:PORT`.
+    pub api_base: String,
+    /// The task the run works on: the scheduling plane's query index.
+    pub query: u64,
+    pub group: u64,
+    /// A fresh directory, the program's working directory, kept after it
+    /// ends for the evaluator.
+    pub workspace: PathBuf,
+    /// Where the program's stdout and stderr go.
+    pub log: PathBuf,
+}
+
+impl LaunchSpec {
+    /// The environment every harness gets: both SDKs' base URL and key
+    /// variables point at the gateway with the execution's key.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("OPENAI_BASE_URL", format!("{}/v1", self.api_base)),
+            ("OPENAI_API_KEY", self.key.clone()),
+            ("ANTHROPIC_BASE_URL", self.api_base.clone()),
+            ("ANTHROPIC_API_KEY", self.key.clone()),
+            ("GYRE_EXECUTION", self.execution.clone()),
+            ("GYRE_QUERY", self.query.to_string()),
+            ("GYRE_GROUP", self.group.to_string()),
+        ]
+    }
+
+    /// `arg` with `{query}`, `{group}`, `{workspace}` and `{execution}`
+    /// filled in.
+    pub fn fill(&self, arg: &str) -> String {
+        arg.replace("{query}", &self.query.to_string())
+            .replace("{group}", &self.group.to_string())
+            .replace("{workspace}", &self.workspace.display().to_string())
+            .replace("{execution}", &self.execution)
+    }
+}
+
+/// Starts one harness per execution.
+pub trait HarnessLauncher: Send + Sync + 'static {
+    fn launch(&self, spec: LaunchSpec) -> HarnessRun;
+}
+
+/// Runs `argv` (placeholders filled per execution) in the workspace.
+#[derive(Debug, Clone)]
+pub struct CommandLauncher {
+    pub argv: Vec<String>,
+    /// The harness timeout: the program is killed and the run scored as a
+    /// harness timeout.
+    pub timeout: Duration,
+}
+
+impl CommandLauncher {
+    pub fn new(argv: Vec<String>, timeout: Duration) -> Result<Self, String> {
+        if argv.first().is_none_or(|a| a.trim().is_empty()) {
+            return Err("the harness command is empty".into());
+        }
+        Ok(Self { argv, timeout })
+    }
+}
+
+/// The outcome of an exit status: 0 completed; 126 and 127 (the shell's
+/// cannot-execute and not-found) or a signal a complete failure, nothing to
+/// score; any other failure is scored on what the workspace holds.
+pub fn outcome_of(status: std::process::ExitStatus) -> HarnessOutcome {
+    match status.code() {
+        Some(0) => HarnessOutcome::Completed,
+        Some(126 | 127) | None => HarnessOutcome::Failed { complete: true },
+        Some(_) => HarnessOutcome::Failed { complete: false },
+    }
+}
+
+impl HarnessLauncher for CommandLauncher {
+    fn launch(&self, spec: LaunchSpec) -> HarnessRun {
+        let argv: Vec<String> = self.argv.iter().map(|a| spec.fill(a)).collect();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let log = match std::fs::File::create(&spec.log) {
+                Ok(f) => f,
+                Err(error) => {
+                    tracing::warn!(log = %spec.log.display(), %error, "harness log not created");
+                    return HarnessOutcome::Failed { complete: true };
+                }
+            };
+            let err_log = match log.try_clone() {
+                Ok(f) => f,
+                Err(_) => return HarnessOutcome::Failed { complete: true },
+            };
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..])
+                .current_dir(&spec.workspace)
+                .envs(spec.env())
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(err_log)
+                .kill_on_drop(true);
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(error) => {
+                    tracing::warn!(command = %argv[0], %error, "harness did not start");
+                    return HarnessOutcome::Failed { complete: true };
+                }
+            };
+            match tokio::time::timeout(timeout, child.wait()).await {
+                Ok(Ok(status)) => outcome_of(status),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "waiting for the harness failed");
+                    HarnessOutcome::Failed { complete: false }
+                }
+                Err(_) => {
+                    let _ = child.kill().await;
+                    HarnessOutcome::HarnessTimeout
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &std::path::Path) -> LaunchSpec {
+        LaunchSpec {
+            execution: "ex-1".into(),
+            key: "k".into(),
+            api_base: "http://127.0.0.1:9".into(),
+            query: 5,
+            group: 13,
+            workspace: dir.to_path_buf(),
+            log: dir.join("log"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_sees_its_environment_and_exit_codes_map() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = CommandLauncher::new(
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "echo \"$OPENAI_BASE_URL $ANTHROPIC_API_KEY $GYRE_EXECUTION {query}\" > out; exit 3"
+                    .into(),
+            ],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let outcome = l.launch(spec(dir.path())).await;
+        assert_eq!(outcome, HarnessOutcome::Failed { complete: false });
+        let out = std::fs::read_to_string(dir.path().join("out")).unwrap();
+        assert_eq!(out.trim(), "http://127.0.0.1:9/v1 k ex-1 5");
+        let missing =
+            CommandLauncher::new(vec!["/no/such/harness".into()], Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            missing.launch(spec(dir.path())).await,
+            HarnessOutcome::Failed { complete: true }
+        );
+        let hang =
+            CommandLauncher::new(vec!["sleep".into(), "30".into()], Duration::from_millis(50))
+                .unwrap();
+        assert_eq!(
+            hang.launch(spec(dir.path())).await,
+            HarnessOutcome::HarnessTimeout
+        );
+        assert!(CommandLauncher::new(vec![], Duration::from_secs(1)).is_err());
+    }
+}
