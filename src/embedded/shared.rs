@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gyre_actors::sched::ids::{ExecId, Step, Version};
@@ -80,6 +81,8 @@ impl WeightBoard {
 #[derive(Debug, Default)]
 pub struct GradBoard {
     deposits: Mutex<BTreeMap<(Step, u32), GradBuffer>>,
+    /// Steps reduced over more than one cell (a satellite joined).
+    pub shared_steps: AtomicU64,
 }
 
 impl GradBoard {
@@ -101,6 +104,9 @@ impl GradBoard {
             }
         }
         d.retain(|(s, _), _| *s > step);
+        if found.len() > 1 {
+            self.shared_steps.fetch_add(1, Ordering::Relaxed);
+        }
         (found, missing)
     }
 }
@@ -111,10 +117,15 @@ impl GradBoard {
 #[derive(Debug, Default)]
 pub struct KvBoard {
     blocks: Mutex<BTreeMap<ExecId, Arc<[u8]>>>,
+    /// Prefixes exported, and taken by an adopting engine: what a live run
+    /// reports of KV migration (its engines' counters are not visible).
+    pub exported: AtomicU64,
+    pub taken: AtomicU64,
 }
 
 impl KvBoard {
     pub fn put(&self, exec: ExecId, bytes: Arc<[u8]>) {
+        self.exported.fetch_add(1, Ordering::Relaxed);
         lock(&self.blocks).insert(exec, bytes);
     }
 
@@ -123,7 +134,11 @@ impl KvBoard {
     }
 
     pub fn remove(&self, exec: ExecId) -> Option<Arc<[u8]>> {
-        lock(&self.blocks).remove(&exec)
+        let taken = lock(&self.blocks).remove(&exec);
+        if taken.is_some() {
+            self.taken.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
     }
 
     pub fn len(&self) -> usize {
@@ -146,6 +161,9 @@ pub struct Shared {
     /// Every optimizer update the core made, in order: what a live run
     /// reports (its actors' state is not visible from outside).
     pub updates: Arc<Mutex<Vec<UpdateSummary>>>,
+    /// Rollout engines unloaded for training (role changes to training),
+    /// counted by the unload job.
+    pub unloads: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -157,6 +175,7 @@ impl Shared {
             grads: Arc::default(),
             kv: Arc::default(),
             updates: Arc::default(),
+            unloads: Arc::default(),
         }
     }
 }
