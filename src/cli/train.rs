@@ -426,8 +426,14 @@ fn print_gateway(r: &GatewayReport) {
     );
     let t = &r.task;
     println!(
-        "harnesses: {} started, {} completed, {} harness timeouts, {} aborted, {} scored, {} evaluator failures",
-        t.executions, t.completed, t.harness_timeouts, t.aborted, t.scored, t.eval_failures
+        "harnesses: {} started, {} completed, {} harness timeouts, {} failed, {} aborted, {} scored, {} evaluator failures",
+        t.executions,
+        t.completed,
+        t.harness_timeouts,
+        t.failed,
+        t.aborted,
+        t.scored,
+        t.eval_failures
     );
     println!(
         "gateway {}: {} calls recorded, {} answered by the plane, {} without a record; {} tokens streamed, {} attempts resumed after a role change, {} calls served by two engines",
@@ -438,6 +444,10 @@ fn print_gateway(r: &GatewayReport) {
         r.streamed_tokens,
         r.resumed_attempts,
         r.engine_changes
+    );
+    println!(
+        "elastic: {} role changes to training, KV prefixes exported {} / adopted {}, {} steps with a satellite",
+        r.role_changes, r.kv_exported, r.kv_adopted, r.satellite_steps
     );
     println!(
         "run (live host): seed {}, {} steps, {:.1} s wall, workspaces and logs in {}",

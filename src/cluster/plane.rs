@@ -342,6 +342,7 @@ pub fn shared_over(plane: &Arc<Plane>, model: ModelConfig) -> Shared {
         grads: Arc::new(PlaneGrads(plane.clone())),
         kv: Arc::new(PlaneKv(plane.clone())),
         updates: Arc::default(),
+        unloads: Arc::default(),
     }
 }
 

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gyre_actors::sched::ids::{ExecId, Step, Version};
@@ -53,6 +54,11 @@ pub trait GradStore: Send + Sync + fmt::Debug {
     /// order, and forgets anything older. A member that deposited nothing
     /// is reported by index.
     fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>);
+    /// Steps reduced over more than one cell (a satellite joined), where
+    /// the store counts them.
+    fn shared_steps(&self) -> u64 {
+        0
+    }
 }
 
 /// Where an execution's exported KV blocks wait for the engine adopting it.
@@ -64,6 +70,11 @@ pub trait KvStore: Send + Sync + fmt::Debug {
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// Prefixes exported and taken by an adopting engine, where the store
+    /// counts them (what a live run reports of KV migration).
+    fn migrations(&self) -> (u64, u64) {
+        (0, 0)
     }
 }
 
@@ -114,6 +125,8 @@ impl WeightStore for WeightBoard {
 #[derive(Debug, Default)]
 pub struct GradBoard {
     deposits: Mutex<BTreeMap<(Step, u32), GradBuffer>>,
+    /// Steps reduced over more than one cell (a satellite joined).
+    pub shared_steps: AtomicU64,
 }
 
 impl GradStore for GradBoard {
@@ -132,7 +145,14 @@ impl GradStore for GradBoard {
             }
         }
         d.retain(|(s, _), _| *s > step);
+        if found.len() > 1 {
+            self.shared_steps.fetch_add(1, Ordering::Relaxed);
+        }
         (found, missing)
+    }
+
+    fn shared_steps(&self) -> u64 {
+        self.shared_steps.load(Ordering::Relaxed)
     }
 }
 
@@ -142,10 +162,15 @@ impl GradStore for GradBoard {
 #[derive(Debug, Default)]
 pub struct KvBoard {
     blocks: Mutex<BTreeMap<ExecId, Arc<[u8]>>>,
+    /// Prefixes exported, and taken by an adopting engine: what a live run
+    /// reports of KV migration (its engines' counters are not visible).
+    pub exported: AtomicU64,
+    pub taken: AtomicU64,
 }
 
 impl KvStore for KvBoard {
     fn put(&self, exec: ExecId, bytes: Arc<[u8]>) {
+        self.exported.fetch_add(1, Ordering::Relaxed);
         lock(&self.blocks).insert(exec, bytes);
     }
 
@@ -154,11 +179,22 @@ impl KvStore for KvBoard {
     }
 
     fn remove(&self, exec: ExecId) -> Option<Arc<[u8]>> {
-        lock(&self.blocks).remove(&exec)
+        let taken = lock(&self.blocks).remove(&exec);
+        if taken.is_some() {
+            self.taken.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
     }
 
     fn len(&self) -> usize {
         lock(&self.blocks).len()
+    }
+
+    fn migrations(&self) -> (u64, u64) {
+        (
+            self.exported.load(Ordering::Relaxed),
+            self.taken.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -173,6 +209,9 @@ pub struct Shared {
     /// Every optimizer update the core made, in order: what a live run
     /// reports (its actors' state is not visible from outside).
     pub updates: Arc<Mutex<Vec<UpdateSummary>>>,
+    /// Rollout engines unloaded for training (role changes to training),
+    /// counted by the unload job.
+    pub unloads: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -185,6 +224,7 @@ impl Shared {
             grads: Arc::new(GradBoard::default()),
             kv: Arc::new(KvBoard::default()),
             updates: Arc::default(),
+            unloads: Arc::default(),
         }
     }
 }

@@ -490,7 +490,10 @@ impl EngineWorker {
                     "engine.unload",
                     Running::Control { q, calls },
                     cx,
-                    |e, _| ops::unload(e, pins),
+                    |e, s| {
+                        s.unloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        ops::unload(e, pins)
+                    },
                 );
             }
             Control::Load { version, .. } => {

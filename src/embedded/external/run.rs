@@ -22,9 +22,9 @@ use super::streams::CallStreams;
 use crate::embedded::cluster::{BuildError, EmbeddedConfig, TaskBackends, assemble_with};
 use crate::embedded::engine::TokenTap;
 use crate::embedded::live::OnLiveNode;
-use crate::embedded::run::{TaskSummary, VersionReward, rewards};
+use crate::embedded::run::{VersionReward, rewards};
 use crate::embedded::shared::{Shared, lock};
-use crate::embedded::task::Workspaces;
+use crate::embedded::task::{TaskStats, Workspaces};
 use crate::embedded::trainer::UpdateSummary;
 use crate::gateway::embedded::renderer;
 use crate::gateway::parse::ToolFormat;
@@ -75,7 +75,7 @@ pub struct GatewayReport {
     pub reward_by_version: Vec<VersionReward>,
     pub early_reward: Option<f64>,
     pub late_reward: Option<f64>,
-    pub task: TaskSummary,
+    pub task: HarnessSummary,
     /// HTTP model calls the gateway recorded (durably, then for training).
     pub gateway_calls: u64,
     /// Model calls the proxy answered, and those of harnesses that ended
@@ -92,7 +92,41 @@ pub struct GatewayReport {
     pub engine_changes: u64,
     /// Engine failures the gateway itself retried.
     pub gateway_reroutes: u64,
+    /// Role changes to training (rollout engines unloaded), KV prefixes
+    /// exported by a cell switching and taken by the engine that adopted
+    /// the execution, and steps whose gradient a satellite joined.
+    pub role_changes: u64,
+    pub kv_exported: u64,
+    pub kv_adopted: u64,
+    pub satellite_steps: u64,
     pub dir: String,
+}
+
+/// How the external harnesses ended and were scored.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct HarnessSummary {
+    pub executions: u64,
+    pub completed: u64,
+    pub harness_timeouts: u64,
+    /// Exited non-zero, or could not start.
+    pub failed: u64,
+    pub aborted: u64,
+    pub scored: u64,
+    pub eval_failures: u64,
+}
+
+impl From<&TaskStats> for HarnessSummary {
+    fn from(s: &TaskStats) -> Self {
+        Self {
+            executions: s.begun,
+            completed: s.completed,
+            harness_timeouts: s.harness_timeouts,
+            failed: s.failed,
+            aborted: s.aborted,
+            scored: s.scored,
+            eval_failures: s.eval_failures,
+        }
+    }
 }
 
 /// External harnesses behind the gateway, as the cluster's harness and
@@ -281,7 +315,7 @@ async fn run_async(
         reward_by_version,
         early_reward,
         late_reward,
-        task: TaskSummary::from(&stats),
+        task: HarnessSummary::from(&stats),
         gateway_calls: m.calls_committed.load(Ordering::Relaxed),
         plane_calls_answered: answered,
         calls_without_record: unrecorded,
@@ -289,6 +323,10 @@ async fn run_async(
         resumed_attempts: streams.stats.resumed.load(Ordering::Relaxed),
         engine_changes: streams.stats.engine_changes.load(Ordering::Relaxed),
         gateway_reroutes: m.reroutes.load(Ordering::Relaxed),
+        role_changes: parts.shared.unloads.load(Ordering::Relaxed),
+        kv_exported: parts.shared.kv.migrations().0,
+        kv_adopted: parts.shared.kv.migrations().1,
+        satellite_steps: parts.shared.grads.shared_steps(),
         dir: dir.display().to_string(),
     };
     if temporary {
