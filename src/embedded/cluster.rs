@@ -585,6 +585,13 @@ pub fn assemble_with<H: Host, T: TaskBackends>(
     assemble_from(host, cfg, &mut factory, workspaces, |f| f)
 }
 
+/// The cluster a backend factory `F` assembles.
+pub(crate) type FactoryAssembled<F> = Assembled<
+    <F as BackendFactory>::Engine,
+    <F as BackendFactory>::Harness,
+    <F as BackendFactory>::Evaluator,
+>;
+
 /// Spawns the cluster `factory` makes (the embedded backends, or a
 /// factory around them, which `inner` reaches) on `host`.
 pub(crate) fn assemble_from<H: Host, T: TaskBackends, F>(
@@ -593,7 +600,7 @@ pub(crate) fn assemble_from<H: Host, T: TaskBackends, F>(
     factory: &mut F,
     workspaces: Arc<Workspaces>,
     inner: impl Fn(&mut F) -> &mut EmbeddedBackends<T>,
-) -> Result<Assembled<F::Engine, F::Harness, F::Evaluator>, BuildError>
+) -> Result<FactoryAssembled<F>, BuildError>
 where
     F: BackendFactory<
             Error = BuildError,
