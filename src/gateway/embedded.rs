@@ -138,6 +138,33 @@ pub fn renderer() -> Result<Renderer, EmbeddedError> {
     let end = Special::EndTurn.text();
     let tokenizer = Tokenizer::from_json(SHIPPED, end, "the shipped embedded tokenizer")
         .map_err(|e| EmbeddedError::Model(e.to_string()))?;
+    embedded_format(tokenizer)
+}
+
+/// The renderer for a Gyre model of `vocab` ids: the shipped BPE when it
+/// fits, else the byte vocabulary (byte b is id b, then the specials) that
+/// `gyre train`'s byte game uses. Unknown: the shipped BPE.
+pub fn renderer_for_vocab(vocab: Option<usize>) -> Result<Renderer, EmbeddedError> {
+    let bytes = 256 + Special::ALL.len();
+    match vocab {
+        Some(v) if v < SHIPPED_VOCAB => {
+            if v < bytes {
+                return Err(EmbeddedError::Model(format!(
+                    "a vocabulary of {v} ids is smaller than the {bytes} of bytes and specials"
+                )));
+            }
+            let specials: Vec<&str> = Special::ALL.iter().map(|s| s.text()).collect();
+            let json = super::tokenizer::byte_tokenizer_json(&specials).to_string();
+            let tokenizer = Tokenizer::from_json(&json, Special::EndTurn.text(), "embedded bytes")
+                .map_err(|e| EmbeddedError::Model(e.to_string()))?;
+            embedded_format(tokenizer)
+        }
+        _ => renderer(),
+    }
+}
+
+fn embedded_format(tokenizer: Tokenizer) -> Result<Renderer, EmbeddedError> {
+    let end = Special::EndTurn.text();
     let template = ChatTemplate::new(EMBEDDED_TEMPLATE, Special::Bos.text(), end)
         .map_err(|e| EmbeddedError::Model(e.to_string()))?;
     Ok(Renderer {
@@ -341,5 +368,24 @@ impl Engine for EmbeddedEngine {
                 EngineError::Unavailable("the embedded engine thread has stopped".into())
             })?;
         Ok(Generation { events: rx, cancel })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_served_vocabulary_picks_the_tokenizer() {
+        let bytes = 256 + Special::ALL.len();
+        let small = renderer_for_vocab(Some(bytes)).unwrap();
+        assert_eq!(small.tokenizer.encode("hi").unwrap(), vec![104, 105]);
+        assert!(small.tokenizer.vocab_size() as usize <= bytes);
+        for vocab in [None, Some(SHIPPED_VOCAB)] {
+            let bpe = renderer_for_vocab(vocab).unwrap();
+            assert_eq!(bpe.tokenizer.vocab_size() as usize, SHIPPED_VOCAB);
+        }
+        let err = renderer_for_vocab(Some(100)).err().unwrap().to_string();
+        assert!(err.contains("100 ids"), "{err}");
     }
 }

@@ -32,6 +32,8 @@ pub struct ServerInfo {
     pub context: usize,
     /// `/get_model_info`'s `architecture` (`gyre` for Gyre's byte model).
     pub architecture: Option<String>,
+    /// `/get_model_info`'s `vocab_size`, where the server reports it.
+    pub vocab_size: Option<usize>,
     pub weight_version: Option<u64>,
 }
 
@@ -67,12 +69,14 @@ pub async fn probe(urls: &[String], within: Duration) -> Result<Vec<ServerInfo>,
                 endpoint: "/get_server_info",
                 message: format!("no context_length in {info}"),
             })?;
-        let architecture = match c.get_model_info().await {
-            Ok(m) => m
-                .get("architecture")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            Err(_) => None,
+        let (architecture, vocab_size) = match c.get_model_info().await {
+            Ok(m) => (
+                m.get("architecture")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                as_usize(&m, "vocab_size"),
+            ),
+            Err(_) => (None, None),
         };
         let weight_version = c
             .get_weight_version()
@@ -83,6 +87,7 @@ pub async fn probe(urls: &[String], within: Duration) -> Result<Vec<ServerInfo>,
             url: url.clone(),
             context,
             architecture,
+            vocab_size,
             weight_version,
         });
     }
@@ -314,9 +319,12 @@ pub fn connect(
     let gyre = infos
         .iter()
         .all(|i| i.architecture.as_deref() == Some("gyre"));
+    // Gyre's model comes with the byte vocabulary (the byte game's) or
+    // with the shipped BPE; the smallest vocabulary served decides.
+    let vocab = infos.iter().filter_map(|i| i.vocab_size).min();
     let renderer = match tokenizer_dir {
         Some(dir) => super::render::Renderer::from_dir(dir).map_err(|e| e.to_string()),
-        None if gyre => super::embedded::renderer().map_err(|e| e.to_string()),
+        None if gyre => super::embedded::renderer_for_vocab(vocab).map_err(|e| e.to_string()),
         None => super::render::Renderer::builtin().map_err(|e| e.to_string()),
     }
     .map_err(ConnectError::Renderer)?;
@@ -333,6 +341,7 @@ mod tests {
             url: url.into(),
             context,
             architecture: None,
+            vocab_size: None,
             weight_version: v,
         }
     }
