@@ -26,7 +26,7 @@ use crate::embedded::run::{VersionReward, rewards};
 use crate::embedded::shared::{Shared, lock};
 use crate::embedded::task::{TaskStats, Workspaces};
 use crate::embedded::trainer::UpdateSummary;
-use crate::gateway::embedded::renderer;
+use crate::gateway::embedded::renderer_for_vocab;
 use crate::gateway::parse::ToolFormat;
 use crate::gateway::service::{Gateway, GatewayConfig};
 use crate::gateway::store::Store;
@@ -232,7 +232,9 @@ async fn run_async(
         max_concurrency: 1024,
         request_timeout: Duration::from_secs(600),
     };
-    let renderer = renderer().map_err(|e| GatewayRunError::Gateway(e.to_string()))?;
+    // The policy's own vocabulary: the byte game's bytes, or the shipped BPE.
+    let renderer = renderer_for_vocab(Some(cfg.model.vocab))
+        .map_err(|e| GatewayRunError::Gateway(e.to_string()))?;
     let gateway = Gateway::new(Arc::new(engine), renderer, store, config)
         .map_err(|e| GatewayRunError::Gateway(e.to_string()))?
         .with_record_sink(Arc::new(PlaneRecords {
