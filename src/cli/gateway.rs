@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use crate::gateway::embedded::{self, EmbeddedEngine};
+use crate::gateway::embedded::EmbeddedEngine;
 use crate::gateway::http::{admin_router, api_router};
 use crate::gateway::parse::ToolFormat;
 use crate::gateway::render::Renderer;
@@ -91,10 +91,8 @@ pub fn run(args: GatewayArgs) -> Result<()> {
                 );
             }
             let config = (!file.is_empty()).then(|| std::path::Path::new(file));
-            (
-                Arc::new(EmbeddedEngine::start(config)?),
-                embedded::renderer()?,
-            )
+            let (engine, renderer) = EmbeddedEngine::start(config)?;
+            (Arc::new(engine), renderer)
         }
         "sglang" if !file.is_empty() => {
             crate::gateway::sglang::connect(file, args.tokenizer.as_deref())?

@@ -17,11 +17,14 @@
 //!
 //! `--engine embedded[=CONFIG.toml]`: the TOML may set `layers`, `heads`,
 //! `width`, `ffn`, `context`, `seed`, `max_running`, `max_new_tokens`,
-//! `prefill_chunk` and `prefix_cache`; weights are the seeded initial ones
-//! (a trained checkpoint is not loaded yet).
+//! `prefill_chunk` and `prefix_cache` for Gyre's own model with seeded
+//! weights, or name a Hugging Face Llama/Qwen3 `checkpoint` directory
+//! (relative to the TOML; `max_context` caps its context): its weights,
+//! its `tokenizer.json`, its chat template and its stop tokens are then
+//! what the gateway serves and renders with.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
@@ -29,6 +32,7 @@ use std::sync::mpsc as std_mpsc;
 use gyre_gpu::engine::{
     Engine as GpuEngine, EngineConfig, FinishReason, ReqId, Request, SamplingParams as GpuParams,
 };
+use gyre_gpu::model::hf::{self, LoadOptions};
 use gyre_gpu::model::vocab::Special;
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use serde::Deserialize;
@@ -66,6 +70,13 @@ pub const EMBEDDED_TEMPLATE: &str = r#"<|bos|>
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddedConfig {
+    /// A Hugging Face checkpoint directory (`LlamaForCausalLM`,
+    /// `Qwen3ForCausalLM`) with its `tokenizer.json` and chat template;
+    /// the Gyre model's sizes below do not apply to it.
+    pub checkpoint: Option<PathBuf>,
+    /// Caps a checkpoint's context (default: the checkpoint's, at most
+    /// `DEFAULT_CONTEXT`).
+    pub max_context: Option<usize>,
     pub layers: Option<usize>,
     pub heads: Option<usize>,
     pub width: Option<usize>,
@@ -98,7 +109,64 @@ impl EmbeddedConfig {
             message,
         };
         let text = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
-        toml::from_str(&text).map_err(|e| err(e.to_string()))
+        let mut cfg: EmbeddedConfig = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+        if let Some(dir) = cfg.checkpoint.as_mut().filter(|d| d.is_relative()) {
+            *dir = p.parent().unwrap_or(Path::new(".")).join(&*dir);
+        }
+        if cfg.checkpoint.is_some() {
+            let gyre_sizes = [cfg.layers, cfg.heads, cfg.width, cfg.ffn, cfg.context];
+            if gyre_sizes.iter().any(Option::is_some) {
+                return Err(err(
+                    "layers, heads, width, ffn and context size Gyre's own model; a checkpoint \
+                     has its own (cap its context with max_context)"
+                        .into(),
+                ));
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The engine, its stop tokens and the renderer of its vocabulary:
+    /// the checkpoint's when one is named, else Gyre's model with the
+    /// shipped tokenizer and format.
+    pub fn load(&self) -> Result<Loaded, EmbeddedError> {
+        let Some(dir) = &self.checkpoint else {
+            return Ok(Loaded {
+                engine: self.engine()?,
+                stop_tokens: vec![Special::EndTurn.id(), Special::Eos.id()],
+                renderer: renderer()?,
+            });
+        };
+        let model_err = |e: &dyn std::fmt::Display| {
+            EmbeddedError::Model(format!("checkpoint {}: {e}", dir.display()))
+        };
+        let ck = hf::load(
+            dir,
+            &LoadOptions {
+                max_context: Some(self.max_context.unwrap_or(DEFAULT_CONTEXT)),
+            },
+        )
+        .map_err(|e| model_err(&e))?;
+        let renderer = Renderer::from_dir(dir).map_err(|e| model_err(&e))?;
+        let mut stop_tokens = ck.eos_token_ids.clone();
+        let eos = renderer.tokenizer.eos();
+        if !stop_tokens.contains(&eos) {
+            stop_tokens.push(eos);
+        }
+        let cfg = self.engine_config(ck.config.model.clone());
+        let engine = GpuEngine::new(cfg, &ck.params).map_err(|e| model_err(&e))?;
+        Ok(Loaded {
+            engine,
+            stop_tokens,
+            renderer,
+        })
+    }
+
+    fn engine_config(&self, model: ModelConfig) -> EngineConfig {
+        let mut cfg = EngineConfig::for_model(model, self.max_running.unwrap_or(2).max(1));
+        cfg.max_batch_tokens = self.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK).max(1);
+        cfg.prefix_cache = self.prefix_cache.unwrap_or(DEFAULT_PREFIX_CACHE);
+        cfg
     }
 
     /// The gpu crate's engine this configuration describes, with its
@@ -118,11 +186,16 @@ impl EmbeddedConfig {
         model.validate().map_err(|e| model_err(&e))?;
         let params =
             ParamBuffer::init(&model, self.seed.unwrap_or(0)).map_err(|e| model_err(&e))?;
-        let mut cfg = EngineConfig::for_model(model, self.max_running.unwrap_or(2).max(1));
-        cfg.max_batch_tokens = self.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK).max(1);
-        cfg.prefix_cache = self.prefix_cache.unwrap_or(DEFAULT_PREFIX_CACHE);
-        GpuEngine::new(cfg, &params).map_err(|e| model_err(&e))
+        GpuEngine::new(self.engine_config(model), &params).map_err(|e| model_err(&e))
     }
+}
+
+/// What [`EmbeddedConfig::load`] builds.
+pub struct Loaded {
+    pub engine: GpuEngine,
+    /// Sampling one of these ends the turn.
+    pub stop_tokens: Vec<u32>,
+    pub renderer: Renderer,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +258,7 @@ struct Job {
 
 pub struct EmbeddedEngine {
     jobs: std_mpsc::Sender<Job>,
+    stop_tokens: Vec<u32>,
     context: usize,
     version: u64,
     max_new_tokens: u32,
@@ -300,9 +374,15 @@ fn serve(mut engine: GpuEngine, jobs: std_mpsc::Receiver<Job>, stats: Arc<Counte
 }
 
 impl EmbeddedEngine {
-    pub fn start(config: Option<&Path>) -> Result<EmbeddedEngine, EmbeddedError> {
+    /// The engine `config` describes on a thread of its own, with the
+    /// renderer of its vocabulary.
+    pub fn start(config: Option<&Path>) -> Result<(EmbeddedEngine, Renderer), EmbeddedError> {
         let cfg = EmbeddedConfig::read(config)?;
-        let engine = cfg.engine()?;
+        let Loaded {
+            engine,
+            stop_tokens,
+            renderer,
+        } = cfg.load()?;
         let context = engine.config().model.context;
         let version = engine.version();
         let (tx, rx) = std_mpsc::channel();
@@ -312,13 +392,15 @@ impl EmbeddedEngine {
             .name("gateway-embedded-engine".into())
             .spawn(move || serve(engine, rx, thread_stats))
             .map_err(|e| EmbeddedError::Model(format!("engine thread: {e}")))?;
-        Ok(EmbeddedEngine {
+        let engine = EmbeddedEngine {
             jobs: tx,
+            stop_tokens,
             context,
             version,
             max_new_tokens: cfg.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS).max(1),
             stats,
-        })
+        };
+        Ok((engine, renderer))
     }
 }
 
@@ -348,7 +430,7 @@ impl Engine for EmbeddedEngine {
             temperature: p.temperature.unwrap_or(1.0),
             top_p: p.top_p.unwrap_or(1.0),
             max_new_tokens: p.max_tokens.min(self.max_new_tokens),
-            stop_tokens: vec![Special::EndTurn.id(), Special::Eos.id()],
+            stop_tokens: self.stop_tokens.clone(),
             seed: p.seed.unwrap_or(request.call_index),
         };
         // Capacity for a whole output: the engine thread never blocks.

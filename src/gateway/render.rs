@@ -55,7 +55,9 @@ impl Renderer {
     }
 
     /// The model's own files: `tokenizer.json` and `tokenizer_config.json`
-    /// (its `chat_template`, `bos_token`, `eos_token`) from `dir`.
+    /// (its `chat_template`, `bos_token`, `eos_token`) from `dir`; a
+    /// `chat_template.jinja` beside them, as newer checkpoints ship it,
+    /// is the template when `tokenizer_config.json` has none.
     pub fn from_dir(dir: &std::path::Path) -> Result<Renderer, RenderError> {
         let path = dir.join("tokenizer_config.json");
         let config = |message: String| RenderError::Config {
@@ -74,9 +76,11 @@ impl Renderer {
                 .to_string(),
             _ => String::new(),
         };
+        let jinja = std::fs::read_to_string(dir.join("chat_template.jinja")).ok();
         let template = cfg["chat_template"]
             .as_str()
-            .ok_or_else(|| config("no chat_template string".into()))?;
+            .or(jinja.as_deref())
+            .ok_or_else(|| config("no chat_template string (nor chat_template.jinja)".into()))?;
         let eos = token("eos_token");
         Ok(Renderer {
             tokenizer: Tokenizer::from_file(&dir.join("tokenizer.json"), &eos)?,
