@@ -25,6 +25,7 @@ use crate::sched::proto::harness::HarnessReq;
 use crate::sched::proto::memory::MemoryReq;
 use crate::sched::proto::trainer::TrainerReq;
 use crate::sched::proto::transfer::TransferReq;
+use crate::sched::proxy::RejectRetry;
 use crate::sched::scheduler::{Backends, Scheduler};
 
 /// Where a cluster's actors are spawned: the simulator, or a live node
@@ -96,6 +97,11 @@ pub trait BackendFactory {
     fn kv_bytes_per_token(&self) -> u64;
     /// Where payloads live, if the backends send any.
     fn blobs(&self) -> Option<Arc<dyn BlobStore>>;
+    /// How the proxy retries a call an engine rejected on that same
+    /// engine (remote engines fail transiently); none by default.
+    fn reject_retry(&self) -> RejectRetry {
+        RejectRetry::default()
+    }
 }
 
 /// The backends of a built cluster, for reading their state.
@@ -171,7 +177,7 @@ pub fn place<F: BackendFactory, H: Host>(
         kv_bytes_per_token: factory.kv_bytes_per_token(),
         blobs: factory.blobs(),
     };
-    let scheduler = Scheduler::new(sched.clone(), ports)?;
+    let scheduler = Scheduler::new(sched.clone(), ports)?.with_reject_retry(factory.reject_retry());
     let sched_addr = host.spawn(plan.sched, scheduler);
     Ok((
         sched_addr,

@@ -27,6 +27,38 @@ use crate::sched::proto::Port;
 use crate::sched::proto::engine::{CallEvent, EngineReq};
 use crate::sched::retry::{Outbox, ReqKey, Resend, RetryTick};
 
+/// Same-engine retries of a `Rejected` call (see the module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RejectRetry {
+    /// Retries on the rejecting engine before the call is held.
+    pub retries: u32,
+    /// Wait before the first retry; each next one waits twice as long.
+    pub backoff: Nanos,
+}
+
+impl RejectRetry {
+    /// The wait before same-engine retry number `n` (1-based).
+    pub fn delay(&self, n: u32) -> Nanos {
+        self.backoff
+            .saturating_mul(1u64 << n.saturating_sub(1).min(20))
+            .max(1)
+    }
+}
+
+/// The proxy's timers: the outbox's resend tick, and a rejected call's
+/// backoff before it is retried on the same engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProxyTimer {
+    Resend,
+    Backoff { call: CallId, attempt: u32 },
+}
+
+impl From<RetryTick> for ProxyTimer {
+    fn from(_: RetryTick) -> Self {
+        ProxyTimer::Resend
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct PendingCall {
     reply_to: Recipient<ExecMsg>,
@@ -36,6 +68,10 @@ struct PendingCall {
     attempt: u32,
     /// The engine serving the current attempt; `None` while held.
     at: Option<EngineIx>,
+    /// The engine of the latest attempt, even after it ended.
+    last: Option<EngineIx>,
+    /// Same-engine retries since the call last moved engine.
+    same_engine: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,6 +83,8 @@ pub struct ProxyStats {
     /// Times a call was held for lack of a usable route.
     pub held: u64,
     pub reroutes: u64,
+    /// Rejected attempts retried on the same engine after a backoff.
+    pub same_engine_retries: u64,
 }
 
 #[derive(Debug)]
@@ -60,6 +98,7 @@ pub struct Proxy {
     blobs: Option<Arc<dyn BlobStore>>,
     /// Attempts sent to engines and not yet answered.
     outbox: Outbox,
+    reject_retry: RejectRetry,
     stats: ProxyStats,
 }
 
@@ -73,8 +112,15 @@ impl Proxy {
             reroutes: BTreeMap::new(),
             blobs: None,
             outbox: Outbox::new(None),
+            reject_retry: RejectRetry::default(),
             stats: ProxyStats::default(),
         }
+    }
+
+    /// Retries a rejected call on the same engine before holding it.
+    pub fn with_reject_retry(mut self, r: RejectRetry) -> Self {
+        self.reject_retry = r;
+        self
     }
 
     /// Resends unanswered attempts every `after`.
@@ -143,6 +189,10 @@ impl Proxy {
         }
         p.attempt += 1;
         p.at = Some(engine);
+        if p.last != Some(engine) {
+            p.same_engine = 0;
+        }
+        p.last = Some(engine);
         let reply_to = cx.recipient();
         let req = EngineReq::Serve {
             call,
@@ -168,8 +218,10 @@ impl Proxy {
     }
 
     /// An attempt ended without an answer: retry where the execution is
-    /// routed now, or hold the call until its route changes.
-    fn not_served(&mut self, call: CallId, attempt: u32, cx: &mut Cx<'_, Self>) {
+    /// routed now; on the same engine, a rejected call may be retried
+    /// after a backoff (`RejectRetry`); otherwise hold the call until its
+    /// route changes.
+    fn not_served(&mut self, call: CallId, attempt: u32, rejected: bool, cx: &mut Cx<'_, Self>) {
         let Some(p) = self.calls.get_mut(&call) else {
             return;
         };
@@ -180,19 +232,38 @@ impl Proxy {
         let route = self.routes.get(&call.exec).copied();
         if route.is_some() && route != failed_on {
             self.attempt(call, cx);
+        } else if rejected && route.is_some() && p.same_engine < self.reject_retry.retries {
+            p.same_engine += 1;
+            self.stats.same_engine_retries += 1;
+            let after = self.reject_retry.delay(p.same_engine);
+            cx.set_timer(ProxyTimer::Backoff { call, attempt }, after);
         } else {
             self.stats.held += 1;
+        }
+    }
+
+    /// A backoff ended: retry unless a reroute already sent the call.
+    fn backoff_over(&mut self, call: CallId, attempt: u32, cx: &mut Cx<'_, Self>) {
+        if self
+            .calls
+            .get(&call)
+            .is_some_and(|p| p.attempt == attempt && p.at.is_none())
+        {
+            self.attempt(call, cx);
         }
     }
 }
 
 impl Actor for Proxy {
     type Msg = ProxyMsg;
-    type Timer = RetryTick;
+    type Timer = ProxyTimer;
     gyre_runtime::accepts!(CallEvent);
 
-    fn on_timer(&mut self, _: RetryTick, cx: &mut Cx<'_, Self>) {
-        self.outbox.tick(cx);
+    fn on_timer(&mut self, t: ProxyTimer, cx: &mut Cx<'_, Self>) {
+        match t {
+            ProxyTimer::Resend => self.outbox.tick(cx),
+            ProxyTimer::Backoff { call, attempt } => self.backoff_over(call, attempt, cx),
+        }
     }
 
     fn on_msg(&mut self, _from: ActorId, msg: ProxyMsg, cx: &mut Cx<'_, Self>) {
@@ -258,6 +329,8 @@ impl Actor for Proxy {
                         prompt,
                         attempt: 0,
                         at: None,
+                        last: None,
+                        same_engine: 0,
                     },
                 );
                 self.attempt(call, cx);
@@ -289,11 +362,17 @@ impl Actor for Proxy {
                     );
                 }
             }
-            ProxyMsg::Engine(CallEvent::Cancelled { call, attempt })
-            | ProxyMsg::Engine(CallEvent::Rejected { call, attempt }) => {
-                self.not_served(call, attempt, cx)
+            ProxyMsg::Engine(CallEvent::Cancelled { call, attempt }) => {
+                self.not_served(call, attempt, false, cx)
+            }
+            ProxyMsg::Engine(CallEvent::Rejected { call, attempt }) => {
+                self.not_served(call, attempt, true, cx)
             }
             ProxyMsg::Released => {}
         }
     }
 }
+
+#[cfg(test)]
+#[path = "proxy_tests.rs"]
+mod tests;

@@ -38,7 +38,7 @@ use crate::sched::proto::harness::HarnessReq;
 use crate::sched::proto::memory::MemoryReq;
 use crate::sched::proto::trainer::TrainerReq;
 use crate::sched::proto::transfer::TransferReq;
-use crate::sched::proxy::Proxy;
+use crate::sched::proxy::{Proxy, RejectRetry};
 use crate::sched::queue::MicroQueue;
 use crate::sched::samples::{Recorded, SampleSource};
 
@@ -133,6 +133,7 @@ pub struct Scheduler {
     /// The packer's sample source, until the packer is spawned.
     source: Option<Box<dyn SampleSource>>,
     peers: Option<Peers>,
+    reject_retry: RejectRetry,
     counters: Counters,
     ledger: Ledger,
     dispatcher: Dispatcher,
@@ -205,10 +206,18 @@ impl Scheduler {
             group_switched: BTreeSet::new(),
             log: SchedLog::default(),
             peers: None,
+            reject_retry: RejectRetry::default(),
             cfg,
             derived,
             backends,
         })
+    }
+
+    /// The proxy retries a rejected call on the same engine (remote
+    /// engines' transient failures); off by default.
+    pub fn with_reject_retry(mut self, r: RejectRetry) -> Self {
+        self.reject_retry = r;
+        self
     }
 
     pub fn config(&self) -> &SchedConfig {
@@ -269,7 +278,9 @@ impl Scheduler {
         if let Some(p) = b.pool_engine {
             engines.insert(EngineIx::Pool, p);
         }
-        let mut proxy = Proxy::new(engines).with_retry(cfg.retry);
+        let mut proxy = Proxy::new(engines)
+            .with_retry(cfg.retry)
+            .with_reject_retry(self.reject_retry);
         if let Some(store) = &b.blobs {
             proxy = proxy.with_blobs(store.clone());
         }
