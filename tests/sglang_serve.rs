@@ -10,16 +10,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gyre::backends::sglang::client::Health;
+use gyre::backends::sglang::distributed::{DEFAULT_GROUP, DistributedTensors, WeightsGroup};
 use gyre::backends::sglang::{
     ClientConfig, Finish, GenerateRequest, Sampling, SglangClient, SglangError,
 };
 use gyre::gpu::engine::{Engine, EngineConfig, Request, SamplingParams};
-use gyre::gpu::model::hf::{self, HfConfig};
-use gyre::gpu::model::{Arch, DecoderArch, Family, ModelConfig, ParamBuffer, safetensors_io};
+use gyre::gpu::model::hf;
+use gyre::gpu::model::{ModelConfig, ParamBuffer, safetensors_io};
 
 mod common;
 
-use common::Serve as Server;
+use common::{Serve as Server, tiny_qwen3};
 
 fn client(s: &Server) -> SglangClient {
     SglangClient::new(&s.url, ClientConfig::default()).unwrap()
@@ -340,6 +341,18 @@ async fn bad_requests_get_400s_naming_the_problem() {
         matches!(&e, SglangError::Refused { status: 400, .. }) && !e.is_retryable(),
         "{e}"
     );
+    // The typed NCCL calls (the GPU path) reach the endpoints, which a
+    // CPU server refuses naming the CPU ones.
+    let group = WeightsGroup::nccl("127.0.0.1", 29500, 1);
+    let e = c.init_weights_update_group(&group).await.unwrap_err();
+    assert!(e.to_string().contains("update_weights_from_disk"), "{e}");
+    let layout = gyre::gpu::model::ParamLayout::new(&ModelConfig::default()).unwrap();
+    let tensors = DistributedTensors::of_layout(&layout);
+    let e = c
+        .update_weights_from_distributed(&tensors, DEFAULT_GROUP, Some("1"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("NCCL") && !e.is_retryable(), "{e}");
     // And the server still serves.
     assert_eq!(c.health().await.unwrap(), Health::Serving);
 }
@@ -366,32 +379,6 @@ async fn a_hung_server_times_out() {
         SglangClient::new("ftp://x", ClientConfig::default()),
         Err(SglangError::BadUrl { .. })
     ));
-}
-
-fn tiny_qwen3() -> HfConfig {
-    HfConfig {
-        model: ModelConfig {
-            vocab: 300,
-            layers: 2,
-            heads: 4,
-            width: 32,
-            ffn: 48,
-            context: 64,
-            arch: Arch::Decoder(DecoderArch {
-                family: Family::Qwen3,
-                kv_heads: 2,
-                head_dim: 16,
-                rope_theta: 1_000_000.0,
-                rope_scaling: None,
-                norm_eps: 1e-6,
-                tie_embeddings: true,
-                attention_bias: false,
-            }),
-        },
-        max_positions: 64,
-        bos_token_id: None,
-        eos_token_ids: vec![5],
-    }
 }
 
 fn write_config(dir: &Path, body: &str) -> PathBuf {

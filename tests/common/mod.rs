@@ -90,3 +90,32 @@ pub fn tiny_serve_model(dir: &std::path::Path, context: usize) -> std::path::Pat
     .expect("write the model file");
     p
 }
+
+/// A tiny Qwen3-shaped checkpoint configuration: 300 ids, 2 layers,
+/// width 32, 4 query / 2 KV heads of 16, tied head, context 64, EOS 5.
+pub fn tiny_qwen3() -> gyre_gpu::model::hf::HfConfig {
+    use gyre_gpu::model::{Arch, DecoderArch, Family, ModelConfig};
+    gyre_gpu::model::hf::HfConfig {
+        model: ModelConfig {
+            vocab: 300,
+            layers: 2,
+            heads: 4,
+            width: 32,
+            ffn: 48,
+            context: 64,
+            arch: Arch::Decoder(DecoderArch {
+                family: Family::Qwen3,
+                kv_heads: 2,
+                head_dim: 16,
+                rope_theta: 1_000_000.0,
+                rope_scaling: None,
+                norm_eps: 1e-6,
+                tie_embeddings: true,
+                attention_bias: false,
+            }),
+        },
+        max_positions: 64,
+        bos_token_id: None,
+        eos_token_ids: vec![5],
+    }
+}

@@ -136,7 +136,11 @@ impl SglangClient {
     }
 
     /// A control call whose answer may carry `success: false`.
-    async fn control(&self, endpoint: &'static str, body: Value) -> Result<Value, SglangError> {
+    pub(crate) async fn control(
+        &self,
+        endpoint: &'static str,
+        body: Value,
+    ) -> Result<Value, SglangError> {
         let resp = self.post(endpoint, &body, Some(self.cfg.timeout)).await?;
         let status = resp.status().as_u16();
         let v = self.json(endpoint, resp).await?;

@@ -14,6 +14,7 @@
 
 pub mod adapter;
 pub mod client;
+pub mod distributed;
 pub mod error;
 pub mod sse;
 pub mod wire;

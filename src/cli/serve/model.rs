@@ -147,15 +147,20 @@ fn gyre_eos() -> Vec<u32> {
     vec![Special::EndTurn.id(), Special::Eos.id()]
 }
 
-/// Reads weights for `/update_weights_from_disk`: a checkpoint directory
-/// (with config.json) or a Gyre safetensors file, which must be of the
-/// served model's shape.
+/// Reads weights for `/update_weights_from_disk`: a Hugging Face
+/// checkpoint directory (with config.json), a Gyre safetensors file, or a
+/// directory holding one as `model.safetensors` (no config.json: what an
+/// adapter publishing Gyre's own model writes), of the served model's
+/// shape.
 pub fn read_params(
     path: &Path,
     serving: &ModelConfig,
     max_context: Option<usize>,
 ) -> Result<ParamBuffer, String> {
-    let (model, params) = if path.is_dir() {
+    let gyre_dir = path.join("model.safetensors");
+    let (model, params) = if path.is_dir() && !path.join("config.json").exists() {
+        safetensors_io::load(&gyre_dir).map_err(|e| e.to_string())?
+    } else if path.is_dir() {
         let ck = hf::load(path, &LoadOptions { max_context }).map_err(|e| e.to_string())?;
         (ck.config.model, ck.params)
     } else {

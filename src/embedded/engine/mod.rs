@@ -10,6 +10,7 @@
 //! time, so it is a deterministic state machine under the simulator and a
 //! non-blocking actor on the live host.
 
+pub mod calls;
 mod ops;
 mod record;
 pub mod tap;
@@ -62,4 +63,4 @@ pub struct EngineStats {
     pub kv_recomputed: u64,
 }
 
-pub use record::{Served, done as call_done, request, tito, write as write_record};
+pub use record::request;

@@ -8,7 +8,7 @@ use gyre_actors::sched::ids::{CallId, EngineIx, ExecId};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq};
 use gyre_actors::sched::proto::payload::Prompt;
 
-use gyre_actors::trajectory::{CallPurpose, TitoRecord};
+use gyre_actors::trajectory::TitoRecord;
 use gyre_gpu::engine::{Completion, Engine, EngineConfig, MemTag, Request};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_runtime::sim::{Sim, SimConfig};
@@ -123,18 +123,7 @@ fn call(exec: u64, seq: u32) -> CallId {
 }
 
 fn prompt(input_ids: Vec<u32>, max_new_tokens: u32) -> Prompt {
-    Prompt {
-        message_ends: vec![input_ids.len() as u32],
-        input_ids,
-        max_new_tokens,
-        stop_tokens: Vec::new(),
-        temperature: 1.0,
-        top_p: 1.0,
-        thread: Some("main".into()),
-        parent_call: None,
-        role: Some("main".into()),
-        purpose: CallPurpose::Policy,
-    }
+    Prompt::main_turn(input_ids, max_new_tokens)
 }
 
 /// What a fresh engine serving the same weights samples for `call`.

@@ -21,12 +21,13 @@ use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
 use gyre_actors::sched::proto::payload::Prompt;
 use gyre_gpu::engine::{Engine, PinId, ReqId};
-use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Nanos, PayloadRead, Recipient};
+use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Recipient};
 use serde::{Deserialize, Serialize};
 
 use super::EngineStats;
+use super::calls::{self, CallBook, PromptRead, Recorded};
 use super::ops::{self, CallKey, JobOut, Stepped, Submit, Submitted, WeightsOutcome};
-use super::record::{self, Served};
+use super::record;
 use super::tap::{Tapping, TokenTap};
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 use crate::embedded::work::Work;
@@ -46,13 +47,7 @@ pub enum EngineWorkerMsg {
         prompt: Result<Prompt, IoError>,
     },
     /// A served call's record is written: answer `Done`.
-    Recorded {
-        key: CallKey,
-        reply_to: Recipient<CallEvent>,
-        output_tokens: u64,
-        version: Version,
-        output: Result<BlobId, IoError>,
-    },
+    Recorded(Recorded),
 }
 
 impl From<EngineReq> for EngineWorkerMsg {
@@ -61,19 +56,17 @@ impl From<EngineReq> for EngineWorkerMsg {
     }
 }
 
-/// An accepted call attempt.
-#[derive(Debug)]
-struct Live {
-    reply_to: Recipient<CallEvent>,
-    /// `None` while its payload is being read.
-    prompt: Option<Prompt>,
-    start_ns: Nanos,
+/// The engine's side of an accepted call attempt.
+#[derive(Debug, Default)]
+struct InEngine {
     /// Its engine request, once submitted.
     req: Option<ReqId>,
     /// Output tokens of earlier attempts this one continues after (with a
     /// token tap).
     resumed: usize,
 }
+
+type Live = calls::Live<InEngine>;
 
 #[derive(Debug, Clone)]
 enum Control {
@@ -132,7 +125,7 @@ pub struct EngineWorker {
     announced: Version,
     /// A publication that arrived while pins were held.
     deferred: Option<Version>,
-    calls: BTreeMap<CallKey, Live>,
+    calls: CallBook<InEngine>,
     to_submit: VecDeque<CallKey>,
     by_req: BTreeMap<ReqId, CallKey>,
     /// Executions whose next call starts from adopted blocks.
@@ -164,7 +157,7 @@ impl EngineWorker {
             version,
             announced: version,
             deferred: None,
-            calls: BTreeMap::new(),
+            calls: CallBook::default(),
             to_submit: VecDeque::new(),
             by_req: BTreeMap::new(),
             adopt: BTreeSet::new(),
@@ -218,33 +211,12 @@ impl EngineWorker {
         reply_to: Recipient<CallEvent>,
         cx: &mut Cx<'_, Self>,
     ) {
-        if !self.is_serving() {
-            self.stats.rejected += 1;
-            cx.send(
-                reply_to,
-                CallEvent::Rejected {
-                    call: key.call,
-                    attempt: key.attempt,
-                },
-            );
-            return;
-        }
-        if self.calls.contains_key(&key) {
-            tracing::warn!(call = ?key.call, attempt = key.attempt, "duplicate Serve ignored");
-            return;
-        }
-        self.calls.insert(
-            key,
-            Live {
-                reply_to,
-                prompt: None,
-                start_ns: cx.now(),
-                req: None,
-                resumed: 0,
-            },
-        );
-        let read = PayloadRead::new(self.shared.blobs.clone(), prompt).decoded::<Prompt>();
-        cx.io(read, move |prompt| EngineWorkerMsg::Prompt { key, prompt });
+        let (serving, blobs) = (self.is_serving(), self.shared.blobs.clone());
+        let ext = InEngine::default();
+        let read = move |prompt| EngineWorkerMsg::Prompt { key, prompt };
+        let stats = &mut self.stats;
+        self.calls
+            .accept(serving, key, prompt, reply_to, ext, blobs, stats, cx, read);
     }
 
     /// A call's prompt arrived: it queues for the next step, or, unreadable,
@@ -255,21 +227,14 @@ impl EngineWorker {
         prompt: Result<Prompt, IoError>,
         cx: &mut Cx<'_, Self>,
     ) {
-        let Some(live) = self.calls.get_mut(&key).filter(|l| l.prompt.is_none()) else {
-            return;
-        };
-        match prompt {
-            Ok(p) => {
-                live.prompt = Some(p);
+        match self.calls.prompt_read(key, prompt, &mut self.stats) {
+            PromptRead::Ready => {
                 self.to_submit.push_back(key);
                 self.kick(cx);
             }
-            Err(e) => {
-                tracing::warn!(call = ?key.call, error = %e, "unreadable prompt: answered empty");
-                self.stats.bad_prompts += 1;
-                if let Some(live) = self.calls.remove(&key) {
-                    self.answer(key, live, Vec::new(), Vec::new(), self.version, cx);
-                }
+            PromptRead::Ignored => {}
+            PromptRead::Unreadable(live) => {
+                self.answer(key, live, Vec::new(), Vec::new(), self.version, cx)
             }
         }
     }
@@ -287,85 +252,45 @@ impl EngineWorker {
     ) {
         if self.tap.is_some() {
             // The tap's owner records the call (every token went there).
-            let output_tokens = (live.resumed + output.len()) as u64;
-            return self.recorded(
+            let output_tokens = (live.ext.resumed + output.len()) as u64;
+            let r = Recorded {
                 key,
-                live.reply_to,
+                reply_to: live.reply_to,
                 output_tokens,
                 version,
-                Ok(BlobId::NONE),
-                cx,
-            );
+                output: Ok(BlobId::NONE),
+            };
+            return CallBook::<InEngine>::recorded(r, &mut self.stats, cx);
         }
-        let served = Served {
-            call: key.call,
-            engine: self.ix,
-            version,
-            start_ns: live.start_ns,
-            end_ns: cx.now(),
-        };
-        let rec = record::tito(&served, live.prompt.as_ref(), output, logprobs);
-        let output_tokens = rec.output_ids.len() as u64;
-        let reply_to = live.reply_to;
-        let recorded = move |output| EngineWorkerMsg::Recorded {
+        let blobs = self.shared.blobs.clone();
+        calls::write_answer(
+            cx,
+            blobs,
+            self.ix,
             key,
-            reply_to,
-            output_tokens,
-            version,
+            live,
             output,
-        };
-        record::write(cx, self.shared.blobs.clone(), &rec, recorded);
-    }
-
-    /// The record is written (or could not be): answer the proxy.
-    fn recorded(
-        &mut self,
-        key: CallKey,
-        reply_to: Recipient<CallEvent>,
-        output_tokens: u64,
-        version: Version,
-        output: Result<BlobId, IoError>,
-        cx: &mut Cx<'_, Self>,
-    ) {
-        let done = record::done(key, output_tokens, version, output, &mut self.stats.errors);
-        cx.send(reply_to, done);
-    }
-
-    fn reject(&mut self, key: CallKey, live: Live, cx: &mut Cx<'_, Self>) {
-        if let Some(req) = live.req {
-            self.by_req.remove(&req);
-        }
-        self.stats.rejected += 1;
-        cx.send(
-            live.reply_to,
-            CallEvent::Rejected {
-                call: key.call,
-                attempt: key.attempt,
-            },
+            logprobs,
+            version,
+            EngineWorkerMsg::Recorded,
         );
     }
 
-    fn cancel(&mut self, keys: &[CallKey], cx: &mut Cx<'_, Self>) -> u32 {
-        let mut n = 0;
-        for key in keys {
-            let Some(live) = self.calls.remove(key) else {
-                continue;
-            };
-            if let Some(req) = live.req {
-                self.by_req.remove(&req);
-            }
-            self.to_submit.retain(|k| k != key);
-            n += 1;
-            self.stats.cancelled += 1;
-            cx.send(
-                live.reply_to,
-                CallEvent::Cancelled {
-                    call: key.call,
-                    attempt: key.attempt,
-                },
-            );
+    fn reject(&mut self, key: CallKey, live: Live, cx: &mut Cx<'_, Self>) {
+        if let Some(req) = live.ext.req {
+            self.by_req.remove(&req);
         }
-        n
+        calls::reject(key, live.reply_to, &mut self.stats, cx);
+    }
+
+    fn cancel(&mut self, keys: &[CallKey], cx: &mut Cx<'_, Self>) -> u32 {
+        let (by_req, to_submit) = (&mut self.by_req, &mut self.to_submit);
+        self.calls.cancel(keys, &mut self.stats, cx, |key, live| {
+            if let Some(req) = live.ext.req {
+                by_req.remove(&req);
+            }
+            to_submit.retain(|k| *k != key);
+        })
     }
 
     /// Starts the next job if none is in flight: control requests first,
@@ -407,7 +332,7 @@ impl EngineWorker {
             running: self
                 .calls
                 .iter()
-                .filter_map(|(k, l)| Some((l.req?, k.call, l.resumed)))
+                .filter_map(|(k, l)| Some((l.ext.req?, k.call, l.ext.resumed)))
                 .collect(),
         });
         let mut adopted = Vec::new();
@@ -447,7 +372,7 @@ impl EngineWorker {
                             .calls
                             .iter()
                             .filter(|(k, _)| k.call.exec == exec)
-                            .filter_map(|(_, l)| l.req)
+                            .filter_map(|(_, l)| l.ext.req)
                             .collect();
                         (exec, reqs)
                     })
@@ -460,7 +385,7 @@ impl EngineWorker {
                 );
             }
             Control::Cancel { .. } => {
-                calls = self.calls.keys().copied().collect();
+                calls = self.calls.keys();
                 self.run(
                     "engine.cancel",
                     Running::Control { q, calls },
@@ -484,7 +409,7 @@ impl EngineWorker {
                 );
             }
             Control::Unload { .. } => {
-                calls = self.calls.keys().copied().collect();
+                calls = self.calls.keys();
                 let pins: Vec<PinId> = self.pins.values().map(|p| p.0).collect();
                 self.run(
                     "engine.unload",
@@ -535,8 +460,8 @@ impl EngineWorker {
                     let Some(live) = self.calls.get_mut(&key) else {
                         continue;
                     };
-                    live.req = Some(req);
-                    live.resumed = resumed;
+                    live.ext.req = Some(req);
+                    live.ext.resumed = resumed;
                     self.by_req.insert(req, key);
                     self.stats.prefilled_tokens += prefill;
                     self.stats.adopted_tokens += reused;
@@ -811,13 +736,7 @@ impl Actor for EngineWorker {
                 self.kick(cx);
             }
             EngineWorkerMsg::Prompt { key, prompt } => self.prompt_read(key, prompt, cx),
-            EngineWorkerMsg::Recorded {
-                key,
-                reply_to,
-                output_tokens,
-                version,
-                output,
-            } => self.recorded(key, reply_to, output_tokens, version, output, cx),
+            EngineWorkerMsg::Recorded(r) => CallBook::<InEngine>::recorded(r, &mut self.stats, cx),
         }
     }
 }

@@ -48,6 +48,25 @@ pub struct Prompt {
     pub purpose: CallPurpose,
 }
 
+impl Prompt {
+    /// A main-agent policy call over one message, sampled at temperature
+    /// 1 over the whole distribution with no stop tokens (tests, benches).
+    pub fn main_turn(input_ids: Vec<u32>, max_new_tokens: u32) -> Self {
+        Prompt {
+            message_ends: vec![input_ids.len() as u32],
+            input_ids,
+            max_new_tokens,
+            stop_tokens: Vec::new(),
+            temperature: 1.0,
+            top_p: 1.0,
+            thread: Some("main".into()),
+            parent_call: None,
+            role: Some("main".into()),
+            purpose: CallPurpose::Policy,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

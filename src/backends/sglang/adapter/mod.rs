@@ -15,7 +15,7 @@
 //! | `CancelAll` | `POST /abort_request` by rid for every call in flight |
 //! | `Unload` | abort what is left, `POST /release_memory_occupation` (weights, kv_cache) |
 //! | `Load` | `POST /resume_memory_occupation`, then the published version by `/update_weights_from_tensor` with its `weight_version` |
-//! | `SetWeights` | `/update_weights_from_tensor` with `weight_version` (the server keeps its requests running) |
+//! | `SetWeights` | `/update_weights_from_tensor` with `weight_version` (the server keeps its requests running), or in disk mode the version written as a checkpoint directory and `/update_weights_from_disk` ([`publish`]) |
 //!
 //! On start the adapter waits for the server's health and pushes the
 //! newest published weights, so the server samples from the trainer's
@@ -23,6 +23,7 @@
 //! call `Rejected`, which the proxy retries on the next route.
 
 mod http;
+pub mod publish;
 mod worker;
 
 #[cfg(test)]
@@ -31,6 +32,7 @@ mod tests;
 use std::time::Duration;
 
 pub use http::{FailureKind, HttpCall, HttpFailure};
+pub use publish::{DiskPublish, Publish};
 pub use worker::{ControlOut, Generated, SglangEngine, SglangEngineMsg};
 
 /// How patient an adapter is with its server.
@@ -41,6 +43,8 @@ pub struct AdapterConfig {
     /// How long an unload retries a release the server refuses because
     /// aborted requests are still finishing.
     pub release_patience: Duration,
+    /// How a published version reaches the server.
+    pub publish: Publish,
 }
 
 impl Default for AdapterConfig {
@@ -48,6 +52,7 @@ impl Default for AdapterConfig {
         Self {
             startup: Duration::from_secs(120),
             release_patience: Duration::from_secs(30),
+            publish: Publish::Tensor,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq};
 use gyre_actors::sched::proto::payload::Prompt;
-use gyre_actors::trajectory::{CallPurpose, TitoRecord};
+use gyre_actors::trajectory::TitoRecord;
 use gyre_gpu::engine::{Engine, EngineConfig};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_runtime::sim::{IoModel, Latency, Sim, SimConfig};
@@ -158,18 +158,7 @@ fn call(exec: u64, seq: u32) -> CallId {
 }
 
 fn prompt(input_ids: Vec<u32>, max_new_tokens: u32) -> Prompt {
-    Prompt {
-        message_ends: vec![input_ids.len() as u32],
-        input_ids,
-        max_new_tokens,
-        stop_tokens: Vec::new(),
-        temperature: 1.0,
-        top_p: 1.0,
-        thread: Some("main".into()),
-        parent_call: None,
-        role: Some("main".into()),
-        purpose: CallPurpose::Policy,
-    }
+    Prompt::main_turn(input_ids, max_new_tokens)
 }
 
 fn done(ev: &CallEvent) -> (CallId, u64, BlobId) {

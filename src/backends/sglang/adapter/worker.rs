@@ -14,22 +14,23 @@
 //! route. A control whose HTTP call fails is still answered (the cell must
 //! move on), counted as an error.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gyre_actors::sched::ids::{EngineIx, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq};
 use gyre_actors::sched::proto::payload::Prompt;
-use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Nanos, PayloadRead, Recipient};
+use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Recipient};
 use serde::{Deserialize, Serialize};
 
 use super::http::{FailureKind, HttpCall, HttpFailure};
+use super::publish::{Publish, prune, write_version};
 use super::{AdapterConfig, AdapterStats};
 use crate::backends::sglang::wire::{TAG_KV_CACHE, TAG_WEIGHTS};
 use crate::backends::sglang::{Finish, GenerateRequest, Sampling, SglangClient};
+use crate::embedded::engine::calls::{self, CallBook, PromptRead, Recorded};
 use crate::embedded::engine::{CallKey, EngineStats, call_seed};
-use crate::embedded::engine::{Served, call_done, tito, write_record};
 use crate::embedded::shared::{Shared, WeightStore};
 
 /// A finished `/generate`, as a message carries it.
@@ -65,13 +66,7 @@ pub enum SglangEngineMsg {
     },
     /// The control job in flight finished.
     Control(Result<ControlOut, HttpFailure>),
-    Recorded {
-        key: CallKey,
-        reply_to: Recipient<CallEvent>,
-        output_tokens: u64,
-        version: Version,
-        output: Result<BlobId, IoError>,
-    },
+    Recorded(Recorded),
 }
 
 impl From<EngineReq> for SglangEngineMsg {
@@ -89,14 +84,11 @@ fn flatten<T>(r: Result<Result<T, HttpFailure>, IoError>) -> Result<T, HttpFailu
     })
 }
 
-#[derive(Debug)]
-struct Live {
-    reply_to: Recipient<CallEvent>,
-    prompt: Option<Prompt>,
-    start_ns: Nanos,
-    /// Its `/generate` is on the way.
-    sent: bool,
-}
+/// The adapter's side of an accepted call: its `/generate` is on the way.
+#[derive(Debug, Default)]
+struct Sent(bool);
+
+type Live = calls::Live<Sent>;
 
 #[derive(Debug)]
 enum Control {
@@ -130,7 +122,7 @@ pub struct SglangEngine {
     loaded: bool,
     version: Version,
     announced: Version,
-    calls: BTreeMap<CallKey, Live>,
+    calls: CallBook<Sent>,
     /// Calls whose prompt is read, waiting for the start-up sync.
     waiting: VecDeque<CallKey>,
     /// Rids aborted whose `/generate` has not answered yet: an unload
@@ -148,10 +140,15 @@ impl SglangEngine {
     pub fn new(
         ix: EngineIx,
         client: SglangClient,
-        cfg: AdapterConfig,
+        mut cfg: AdapterConfig,
         shared: Shared,
         seed: u64,
     ) -> Self {
+        // Each server gets its own directory of versions: pruning one
+        // never removes a version another server is about to load.
+        if let Publish::Disk(d) = &mut cfg.publish {
+            d.dir = d.dir.join(crate::embedded::engine::engine_name(ix));
+        }
         Self {
             ix,
             client,
@@ -163,7 +160,7 @@ impl SglangEngine {
             loaded: true,
             version: 0,
             announced: 0,
-            calls: BTreeMap::new(),
+            calls: CallBook::default(),
             waiting: VecDeque::new(),
             aborting: BTreeSet::new(),
             controls: VecDeque::new(),
@@ -219,24 +216,20 @@ impl SglangEngine {
         reply_to: Recipient<CallEvent>,
         cx: &mut Cx<'_, Self>,
     ) {
-        if !self.is_serving() {
-            return self.reject(key, reply_to, cx);
-        }
-        if self.calls.contains_key(&key) {
-            tracing::warn!(call = ?key.call, attempt = key.attempt, "duplicate Serve ignored");
-            return;
-        }
-        self.calls.insert(
+        let (serving, blobs) = (self.is_serving(), self.shared.blobs.clone());
+        let read = move |prompt| SglangEngineMsg::Prompt { key, prompt };
+        let stats = &mut self.stats;
+        self.calls.accept(
+            serving,
             key,
-            Live {
-                reply_to,
-                prompt: None,
-                start_ns: cx.now(),
-                sent: false,
-            },
+            prompt,
+            reply_to,
+            Sent(false),
+            blobs,
+            stats,
+            cx,
+            read,
         );
-        let read = PayloadRead::new(self.shared.blobs.clone(), prompt).decoded::<Prompt>();
-        cx.io(read, move |prompt| SglangEngineMsg::Prompt { key, prompt });
     }
 
     fn prompt_read(
@@ -245,24 +238,12 @@ impl SglangEngine {
         prompt: Result<Prompt, IoError>,
         cx: &mut Cx<'_, Self>,
     ) {
-        let Some(live) = self.calls.get_mut(&key).filter(|l| l.prompt.is_none()) else {
-            return;
-        };
-        match prompt {
-            Ok(p) => {
-                live.prompt = Some(p);
-                if self.ready {
-                    self.generate(key, cx);
-                } else {
-                    self.waiting.push_back(key);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(call = ?key.call, error = %e, "unreadable prompt: answered empty");
-                self.stats.bad_prompts += 1;
-                if let Some(live) = self.calls.remove(&key) {
-                    self.answer(key, live, Vec::new(), Vec::new(), self.version, cx);
-                }
+        match self.calls.prompt_read(key, prompt, &mut self.stats) {
+            PromptRead::Ready if self.ready => self.generate(key, cx),
+            PromptRead::Ready => self.waiting.push_back(key),
+            PromptRead::Ignored => {}
+            PromptRead::Unreadable(live) => {
+                self.answer(key, live, Vec::new(), Vec::new(), self.version, cx)
             }
         }
     }
@@ -277,7 +258,7 @@ impl SglangEngine {
         let Some(p) = live.prompt.as_ref() else {
             return;
         };
-        live.sent = true;
+        live.ext = Sent(true);
         let req = GenerateRequest {
             input_ids: Some(p.input_ids.clone()),
             sampling_params: Sampling {
@@ -355,14 +336,7 @@ impl SglangEngine {
     /// The engine protocol's "serve it elsewhere": the proxy retries the
     /// call on its next route.
     fn reject(&mut self, key: CallKey, reply_to: Recipient<CallEvent>, cx: &mut Cx<'_, Self>) {
-        self.stats.rejected += 1;
-        cx.send(
-            reply_to,
-            CallEvent::Rejected {
-                call: key.call,
-                attempt: key.attempt,
-            },
-        );
+        calls::reject(key, reply_to, &mut self.stats, cx);
     }
 
     fn note_failure(&mut self, f: &HttpFailure) {
@@ -383,62 +357,30 @@ impl SglangEngine {
         version: Version,
         cx: &mut Cx<'_, Self>,
     ) {
-        let served = Served {
-            call: key.call,
-            engine: self.ix,
-            version,
-            start_ns: live.start_ns,
-            end_ns: cx.now(),
-        };
-        let rec = tito(&served, live.prompt.as_ref(), output, logprobs);
-        let output_tokens = rec.output_ids.len() as u64;
-        let reply_to = live.reply_to;
-        let recorded = move |output| SglangEngineMsg::Recorded {
+        let blobs = self.shared.blobs.clone();
+        calls::write_answer(
+            cx,
+            blobs,
+            self.ix,
             key,
-            reply_to,
-            output_tokens,
-            version,
+            live,
             output,
-        };
-        write_record(cx, self.shared.blobs.clone(), &rec, recorded);
-    }
-
-    fn recorded(
-        &mut self,
-        key: CallKey,
-        reply_to: Recipient<CallEvent>,
-        output_tokens: u64,
-        version: Version,
-        output: Result<BlobId, IoError>,
-        cx: &mut Cx<'_, Self>,
-    ) {
-        let done = call_done(key, output_tokens, version, output, &mut self.stats.errors);
-        cx.send(reply_to, done);
+            logprobs,
+            version,
+            SglangEngineMsg::Recorded,
+        );
     }
 
     /// Answers `Cancelled` for `keys` still live; their `/generate`
     /// answers, when they come, are dropped.
     fn cancel(&mut self, keys: &[CallKey], cx: &mut Cx<'_, Self>) -> u32 {
-        let mut n = 0;
-        for key in keys {
-            let Some(live) = self.calls.remove(key) else {
-                continue;
-            };
-            self.waiting.retain(|k| k != key);
-            if live.sent {
-                self.aborting.insert(*key);
+        let (waiting, aborting) = (&mut self.waiting, &mut self.aborting);
+        self.calls.cancel(keys, &mut self.stats, cx, |key, live| {
+            waiting.retain(|k| *k != key);
+            if live.ext.0 {
+                aborting.insert(key);
             }
-            n += 1;
-            self.stats.cancelled += 1;
-            cx.send(
-                live.reply_to,
-                CallEvent::Cancelled {
-                    call: key.call,
-                    attempt: key.attempt,
-                },
-            );
-        }
-        n
+        })
     }
 
     fn control(&mut self, op: Control, cx: &mut Cx<'_, Self>) {
@@ -458,18 +400,19 @@ impl SglangEngine {
     fn issue(&mut self, op: Control, cx: &mut Cx<'_, Self>) {
         let client = self.client.clone();
         let board: Arc<dyn WeightStore> = self.shared.weights.clone();
+        let publish = self.cfg.publish.clone();
         let mut calls = Vec::new();
         let job: HttpCall<ControlOut> = match &op {
             Control::Sync => {
                 let startup = self.cfg.startup;
                 HttpCall::new("sglang.sync", async move {
                     client.wait_serving(startup).await?;
-                    let version = push(&client, &*board, None).await?;
+                    let version = push(&client, &*board, None, &publish).await?;
                     Ok(ControlOut::Synced { version })
                 })
             }
             Control::Cancel { .. } => {
-                calls = self.calls.keys().copied().collect();
+                calls = self.calls.keys();
                 let rids = self.rids(calls.iter().chain(&self.aborting));
                 self.http.aborts += rids.len() as u64;
                 HttpCall::new("sglang.abort", async move {
@@ -480,7 +423,7 @@ impl SglangEngine {
                 })
             }
             Control::Unload { .. } => {
-                calls = self.calls.keys().copied().collect();
+                calls = self.calls.keys();
                 let rids = self.rids(calls.iter().chain(&self.aborting));
                 let patience = self.cfg.release_patience;
                 HttpCall::new("sglang.release", async move {
@@ -494,7 +437,7 @@ impl SglangEngine {
                 HttpCall::new("sglang.resume", async move {
                     client.resume_memory(&[]).await?;
                     let version = if want > current {
-                        push(&client, &*board, Some(want)).await?
+                        push(&client, &*board, Some(want), &publish).await?
                     } else {
                         current
                     };
@@ -508,7 +451,7 @@ impl SglangEngine {
                 }
                 let want = *version;
                 HttpCall::new("sglang.update_weights", async move {
-                    let version = push(&client, &*board, Some(want)).await?;
+                    let version = push(&client, &*board, Some(want), &publish).await?;
                     Ok(ControlOut::WeightsSet { version })
                 })
             }
@@ -521,7 +464,7 @@ impl SglangEngine {
         keys.copied()
             .collect::<BTreeSet<_>>()
             .into_iter()
-            .filter(|k| self.calls.get(k).is_none_or(|l| l.sent))
+            .filter(|k| self.calls.get(k).is_none_or(|l| l.ext.0))
             .map(|k| self.rid(k))
             .collect()
     }
@@ -596,12 +539,14 @@ impl SglangEngine {
     }
 }
 
-/// Pushes a published version (`None`: the newest) to the server as
-/// Gyre's flat parameter buffer, labelled with its version.
+/// Pushes a published version (`None`: the newest) to the server,
+/// labelled with its version: as Gyre's flat parameter buffer, or as a
+/// checkpoint directory the server loads from disk (see [`Publish`]).
 async fn push(
     client: &SglangClient,
     board: &dyn WeightStore,
     want: Option<Version>,
+    publish: &Publish,
 ) -> Result<Version, HttpFailure> {
     let found = match want {
         Some(v) => board
@@ -613,9 +558,27 @@ async fn push(
     let (version, bytes) = found.ok_or_else(|| {
         HttpFailure::other(format!("version {want:?} is not on the weight board"))
     })?;
-    client
-        .update_weights_from_tensor(&bytes, Some(&version.to_string()))
-        .await?;
+    let label = version.to_string();
+    match publish {
+        Publish::Tensor => {
+            client
+                .update_weights_from_tensor(&bytes, Some(&label))
+                .await?
+        }
+        Publish::Disk(d) => {
+            let disk = d.clone();
+            let path = tokio::task::spawn_blocking(move || write_version(&disk, version, &bytes))
+                .await
+                .map_err(|e| HttpFailure::other(format!("writing version {version}: {e}")))?
+                .map_err(HttpFailure::other)?;
+            let path = path
+                .to_str()
+                .ok_or_else(|| HttpFailure::other(format!("{} is not UTF-8", path.display())))?;
+            client.update_weights_from_disk(path, Some(&label)).await?;
+            let dir = d.dir.clone();
+            let _ = tokio::task::spawn_blocking(move || prune(&dir, version)).await;
+        }
+    }
     Ok(version)
 }
 
@@ -716,13 +679,7 @@ impl Actor for SglangEngine {
                 self.controlled(op, calls, out, cx);
                 self.kick(cx);
             }
-            SglangEngineMsg::Recorded {
-                key,
-                reply_to,
-                output_tokens,
-                version,
-                output,
-            } => self.recorded(key, reply_to, output_tokens, version, output, cx),
+            SglangEngineMsg::Recorded(r) => CallBook::<Sent>::recorded(r, &mut self.stats, cx),
         }
     }
 }
