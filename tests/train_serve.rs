@@ -78,3 +78,44 @@ fn training_through_sglang_engines_learns_and_publishes_by_version() {
     assert_eq!(versions[2], 40, "{versions:?}");
     assert!(versions.iter().all(|&v| v > 0), "{versions:?}");
 }
+
+/// `gyre train --host live --engines serve`: real time, the adapters'
+/// HTTP calls on the live host's blocking pool, versions published to the
+/// servers as checkpoint directories on disk; the run ends with its steps
+/// trained and every server that holds its memory on the last version.
+#[test]
+fn the_live_host_trains_through_spawned_servers_publishing_by_disk() {
+    let dir = std::env::temp_dir().join(format!("gyre-live-serve-{}", std::process::id()));
+    let r = json(&ok(&[
+        "train",
+        "--tiny",
+        "--steps",
+        "4",
+        "--host",
+        "live",
+        "--engines",
+        "serve",
+        "--publish",
+        "disk",
+        "--publish-dir",
+        dir.to_str().unwrap(),
+        "--reject-retries",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(r["steps"], 4, "{r}");
+    let updates = r["updates"].as_array().unwrap();
+    assert_eq!(updates.len(), 4, "{r}");
+    for u in updates {
+        assert!(u["targets"].as_u64().unwrap() > 0, "{u}");
+    }
+    assert!(r["executions"].as_u64().unwrap() > 0);
+    // Each server has its own directory of versions; the pool's (always
+    // in rollout) holds only the last one, written whole.
+    let left: Vec<String> = std::fs::read_dir(dir.join("pool"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, ["v00000004"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,7 +11,7 @@ use crate::cluster::placement::Launch;
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::live::{LiveReport, run_live};
 use crate::embedded::run::{TrainReport, run as run_cluster};
-use crate::embedded::serve::{ServeFleet, run_serve};
+use crate::embedded::serve::{ServeFleet, ServeOptions, run_live_serve, run_serve};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +57,20 @@ pub struct TrainArgs {
     /// one per cell in order, then the pool's: `URL,URL,…`.
     #[arg(long, value_delimiter = ',')]
     pub engine_urls: Vec<String>,
+    /// How published versions reach SGLang engines: `tensor` (Gyre's flat
+    /// buffer, `/update_weights_from_tensor`; `gyre serve` only) or `disk`
+    /// (a checkpoint directory under `--publish-dir`, loaded by
+    /// `/update_weights_from_disk`, as a real SGLang server takes it).
+    #[arg(long, value_enum, default_value_t = PublishKind::Tensor)]
+    pub publish: PublishKind,
+    /// Where `--publish disk` writes versions (the servers must read the
+    /// same path); default a directory under the system's temp dir.
+    #[arg(long)]
+    pub publish_dir: Option<PathBuf>,
+    /// Retries of a rejected call on the same SGLang engine (first after
+    /// 50 ms, then doubling) before the proxy holds it for a reroute.
+    #[arg(long, default_value_t = 0)]
+    pub reject_retries: u32,
     /// Run across OS processes: `local[:N]` (node agents as child
     /// processes) or `slurm[:N]` (one `srun` step each); N packs the
     /// cells and the pool into N node agents (default one each).
@@ -107,6 +121,12 @@ pub struct TrainArgs {
 pub enum EngineKind {
     Embedded,
     Serve,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PublishKind {
+    Tensor,
+    Disk,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -231,10 +251,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
         });
         return Ok(());
     }
-    if sglang && args.host == HostKind::Live {
-        bail!("--engines serve / --engine-urls run on the simulator host only (for now)");
+    if !sglang && (args.publish != PublishKind::Tensor || args.publish_dir.is_some()) {
+        bail!("--publish and --publish-dir apply to --engines serve / --engine-urls");
     }
-    if args.host == HostKind::Live {
+    if args.host == HostKind::Live && !sglang {
         let report =
             run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
         show(bar, serde_json::to_string_pretty(&report)?, &|| {
@@ -250,7 +270,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
             None
         };
         let urls = fleet.as_ref().map_or(&args.engine_urls, |f| &f.urls);
-        run_serve(&cfg, urls, &mut progress)
+        let opts = serve_options(&args, &cfg);
+        if args.host == HostKind::Live {
+            let report = run_live_serve(&cfg, urls, &opts, LIVE_STALL, &mut progress)
+                .context("live training with SGLang engines")?;
+            show(bar, serde_json::to_string_pretty(&report)?, &|| {
+                print_live(&report)
+            });
+            return Ok(());
+        }
+        run_serve(&cfg, urls, &opts, &mut progress)
             .context("training with SGLang engines")?
             .1
     } else {
@@ -267,6 +296,27 @@ pub fn run(args: TrainArgs) -> Result<()> {
         print_report(&cfg, &report);
     }
     Ok(())
+}
+
+/// The SGLang engines' publication mode and same-engine retries.
+fn serve_options(args: &TrainArgs, cfg: &EmbeddedConfig) -> ServeOptions {
+    use crate::backends::sglang::adapter::{DiskPublish, Publish};
+    let publish = match args.publish {
+        PublishKind::Tensor => Publish::Tensor,
+        PublishKind::Disk => Publish::Disk(DiskPublish {
+            dir: args.publish_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("gyre-publish-{}", std::process::id()))
+            }),
+            model: cfg.model.clone(),
+        }),
+    };
+    let mut opts = ServeOptions::default();
+    opts.adapter.publish = publish;
+    opts.reject_retry = gyre_actors::sched::proxy::RejectRetry {
+        retries: args.reject_retries,
+        backoff: 50 * gyre_runtime::MILLIS,
+    };
+    opts
 }
 
 /// `local[:N]` / `slurm[:N]` as placement options.

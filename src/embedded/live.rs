@@ -66,6 +66,36 @@ pub fn run_live(
     stall: Duration,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<LiveReport, LiveRunError> {
+    on_live_node(
+        cfg,
+        |node| {
+            let parts = assemble(&mut OnLiveNode(node), cfg)?;
+            let handles = parts.backends.engine_handles.clone();
+            let target = cfg.sched.target_steps;
+            let serving = move || {
+                let all = handles.iter().all(|e| lock(e).version() >= target);
+                async move { all }
+            };
+            Ok((parts, serving))
+        },
+        stall,
+        progress,
+    )
+}
+
+/// Starts a live node for `cfg`, spawns the cluster `assemble` builds on
+/// it, and waits until every step is published and `serving` says every
+/// rollout engine serves the last version (or nothing moves for `stall`).
+pub(crate) fn on_live_node<E: Actor, H: Actor, V: Actor, S, F>(
+    cfg: &EmbeddedConfig,
+    assemble: impl FnOnce(&LiveNode) -> Result<(Assembled<E, H, V>, S), BuildError>,
+    stall: Duration,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<LiveReport, LiveRunError>
+where
+    S: FnMut() -> F,
+    F: std::future::Future<Output = bool>,
+{
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -74,7 +104,7 @@ pub fn run_live(
         let mut live = LiveConfig::local(NodeId(0), cfg.seed);
         live.actor_threads = 1;
         let node = LiveNode::start(live).await?;
-        let parts = assemble(&mut OnLiveNode(&node), cfg)?;
+        let (parts, mut serving) = assemble(&node)?;
         let target = cfg.sched.target_steps;
         let (mut last, mut moved) = (u64::MAX, Instant::now());
         loop {
@@ -85,12 +115,7 @@ pub fn run_live(
                 moved = Instant::now();
                 progress(done, target);
             }
-            let serving = parts
-                .backends
-                .engine_handles
-                .iter()
-                .all(|e| lock(e).version() >= target);
-            if done >= target && serving {
+            if done >= target && serving().await {
                 break;
             }
             if let Some(report) = node.panics().into_iter().next() {
@@ -113,7 +138,11 @@ pub fn run_live(
 
 impl LiveReport {
     /// What the boards of `parts` say, `started` being the run's start.
-    pub fn of(parts: &Assembled, seed: u64, started: Instant) -> Self {
+    pub fn of<E: Actor, H: Actor, V: Actor>(
+        parts: &Assembled<E, H, V>,
+        seed: u64,
+        started: Instant,
+    ) -> Self {
         let task = parts.workspaces.stats();
         let (reward_by_version, early_reward, late_reward) = rewards(&task);
         Self {
@@ -131,6 +160,6 @@ impl LiveReport {
 }
 
 /// The newest version the core published.
-pub fn published(parts: &Assembled) -> u64 {
+pub fn published<E: Actor, H: Actor, V: Actor>(parts: &Assembled<E, H, V>) -> u64 {
     parts.shared.weights.latest().map_or(0, |(v, _)| v)
 }

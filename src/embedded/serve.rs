@@ -12,6 +12,12 @@
 //! [`ServeFleet`] starts the servers as child processes of the `gyre`
 //! binary with the cluster's model shape; the adapter pushes the initial
 //! weights at start-up, so the servers sample from the trainer's policy.
+//! [`ServeOptions`] says how versions reach the servers (Gyre's buffer,
+//! or checkpoint directories on a shared path) and how often the proxy
+//! retries a rejected call on the same server. It runs on the simulator
+//! ([`run_serve`]: each HTTP call made inline, priced on the virtual
+//! clock) or the live host ([`run_live_serve`]: real time, calls on the
+//! blocking pool, done when every server reports the last version).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -21,6 +27,7 @@ use std::time::Instant;
 
 use gyre_actors::sched::ids::EngineIx;
 use gyre_actors::sched::plan::{BackendFactory, CellBackends, Host};
+use gyre_actors::sched::proxy::RejectRetry;
 use gyre_runtime::BlobStore;
 
 use super::cluster::{
@@ -28,12 +35,14 @@ use super::cluster::{
     assemble_from, build_with,
 };
 use super::engine::EngineStats;
+use super::live::{LiveReport, LiveRunError, OnLiveNode, on_live_node};
 use super::memory::MemoryWorker;
 use super::run::{EngineBackend, RunError, TrainReport, run_built};
 use super::task::{EvaluatorWorker, HarnessWorker, Workspaces};
 use super::trainer::TrainerWorker;
 use super::transfer::TransferWorker;
 use crate::backends::sglang::adapter::{AdapterConfig, SglangEngine};
+use crate::backends::sglang::client::Health;
 use crate::backends::sglang::{ClientConfig, SglangClient};
 use crate::cli::serve::model::ServeConfig;
 
@@ -49,11 +58,21 @@ pub fn servers_needed(cfg: &EmbeddedConfig) -> usize {
     cfg.sched.cells as usize + usize::from(cfg.sched.pool_capacity > 0)
 }
 
+/// How the cluster uses its servers.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// Patience and publication mode of every adapter.
+    pub adapter: AdapterConfig,
+    /// Same-server retries of a rejected call (none by default, which
+    /// keeps a simulated run's schedule).
+    pub reject_retry: RejectRetry,
+}
+
 /// The embedded backends with SGLang engines.
 pub struct ServeBackends {
     inner: EmbeddedBackends,
     urls: Vec<String>,
-    adapter: AdapterConfig,
+    opts: ServeOptions,
     client: ClientConfig,
 }
 
@@ -68,7 +87,7 @@ impl ServeBackends {
         Ok(SglangEngine::new(
             ix,
             client,
-            self.adapter.clone(),
+            self.opts.adapter.clone(),
             self.inner.shared_backends(),
             seed,
         ))
@@ -120,6 +139,10 @@ impl BackendFactory for ServeBackends {
     fn blobs(&self) -> Option<Arc<dyn BlobStore>> {
         self.inner.blobs()
     }
+
+    fn reject_retry(&self) -> RejectRetry {
+        self.opts.reject_retry
+    }
 }
 
 /// Spawns the cluster of `cfg` with its engines at `urls` (one per cell
@@ -128,7 +151,7 @@ pub fn assemble_serve<H: Host>(
     host: &mut H,
     cfg: &EmbeddedConfig,
     urls: &[String],
-    adapter: AdapterConfig,
+    opts: &ServeOptions,
 ) -> Result<Assembled<SglangEngine>, BuildError> {
     let need = servers_needed(cfg);
     if urls.len() != need {
@@ -148,7 +171,7 @@ pub fn assemble_serve<H: Host>(
     let mut factory = ServeBackends {
         inner: EmbeddedBackends::in_process(cfg, task, None)?,
         urls: urls.to_vec(),
-        adapter,
+        opts: opts.clone(),
         client: ClientConfig::default(),
     };
     assemble_from(host, cfg, &mut factory, workspaces, |f| &mut f.inner)
@@ -160,13 +183,57 @@ pub fn assemble_serve<H: Host>(
 pub fn run_serve(
     cfg: &EmbeddedConfig,
     urls: &[String],
+    opts: &ServeOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(EmbeddedCluster<SglangEngine>, TrainReport), RunError> {
     let started = Instant::now();
-    let c = build_with(cfg, |sim, cfg| {
-        assemble_serve(sim, cfg, urls, AdapterConfig::default())
-    })?;
+    let c = build_with(cfg, |sim, cfg| assemble_serve(sim, cfg, urls, opts))?;
     run_built(c, cfg, started, progress)
+}
+
+/// Runs `cfg` on the live host with its engines at `urls` until every
+/// step is published and every server with its memory resident reports
+/// the last version as its `weight_version` (a server released for a
+/// training role takes it when it is loaded again), or nothing moves for
+/// `stall`.
+pub fn run_live_serve(
+    cfg: &EmbeddedConfig,
+    urls: &[String],
+    opts: &ServeOptions,
+    stall: std::time::Duration,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<LiveReport, LiveRunError> {
+    let clients = urls
+        .iter()
+        .map(|u| SglangClient::new(u, ClientConfig::default()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| BuildError::Engines(e.to_string()))?;
+    let target = cfg.sched.target_steps.to_string();
+    on_live_node(
+        cfg,
+        |node| {
+            let parts = assemble_serve(&mut OnLiveNode(node), cfg, urls, opts)?;
+            let serving = move || {
+                let (clients, target) = (clients.clone(), target.clone());
+                async move {
+                    let mut on_target = 0;
+                    for c in &clients {
+                        if !matches!(c.health().await, Ok(Health::Serving)) {
+                            continue;
+                        }
+                        if c.get_weight_version().await.ok().as_deref() != Some(&target) {
+                            return false;
+                        }
+                        on_target += 1;
+                    }
+                    on_target > 0
+                }
+            };
+            Ok((parts, serving))
+        },
+        stall,
+        progress,
+    )
 }
 
 #[derive(Debug, thiserror::Error)]
