@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gyre_gpu::engine::{Engine, EngineConfig, MemTag, Request, SamplingParams};
-use gyre_gpu::model::{Arch, DecoderArch, Family, ModelConfig, ParamBuffer};
+use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{Loss, MicroStep, TrainRow, Trainer};
 
 const NEW_TOKENS: u32 = 64;
@@ -24,27 +24,11 @@ fn request(i: u64) -> Request {
     }
 }
 
-/// A Qwen3-shaped decoder as wide and deep as the default model, over the
-/// same vocabulary, so the two architectures compare at equal size.
-fn qwen3_small() -> ModelConfig {
-    ModelConfig {
-        ffn: 384,
-        arch: Arch::Decoder(DecoderArch {
-            family: Family::Qwen3,
-            kv_heads: 2,
-            head_dim: 32,
-            rope_theta: 1_000_000.0,
-            rope_scaling: None,
-            norm_eps: 1e-6,
-            tie_embeddings: true,
-            attention_bias: false,
-        }),
-        ..ModelConfig::default()
-    }
-}
-
 fn models() -> [(&'static str, ModelConfig); 2] {
-    [("gyre", ModelConfig::default()), ("qwen3", qwen3_small())]
+    [
+        ("gyre", ModelConfig::default()),
+        ("qwen3", ModelConfig::qwen3_small()),
+    ]
 }
 
 fn generation(c: &mut Criterion) {

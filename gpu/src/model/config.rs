@@ -121,6 +121,27 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
+    /// A Qwen3-shaped decoder as wide and deep as the default model, over
+    /// the same vocabulary (4 layers, width 128, 4 query / 2 KV heads of
+    /// 32, SwiGLU 384, q/k norm, tied head), so the two architectures
+    /// compare at equal size (the policy bench, the PyTorch comparison).
+    pub fn qwen3_small() -> Self {
+        ModelConfig {
+            ffn: 384,
+            arch: Arch::Decoder(DecoderArch {
+                family: Family::Qwen3,
+                kv_heads: 2,
+                head_dim: 32,
+                rope_theta: 1_000_000.0,
+                rope_scaling: None,
+                norm_eps: 1e-6,
+                tie_embeddings: true,
+                attention_bias: false,
+            }),
+            ..ModelConfig::default()
+        }
+    }
+
     /// A model for tests: every path is exercised in milliseconds in a
     /// debug build.
     pub fn tiny() -> Self {

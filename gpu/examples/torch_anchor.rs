@@ -1,0 +1,150 @@
+//! Gyre's side of the PyTorch comparison (`scripts/torch_anchor.sh` runs
+//! both): the tiny Qwen3 shape of `benches/policy.rs` as a Hugging Face
+//! checkpoint that `transformers` loads too, and Gyre's engine and trainer
+//! timed on it the way `scripts/torch_anchor.py` times PyTorch.
+//!
+//! ```text
+//! cargo run --release -p gyre-gpu --example torch_anchor -- write DIR
+//! cargo run --release -p gyre-gpu --example torch_anchor -- bench DIR [REPS]
+//! ```
+//!
+//! `bench` prints one JSON line: the median seconds of generation with 1
+//! and with 32 concurrent requests (32-token prompts, 64 sampled tokens
+//! each, temperature 1) and of one training forward+backward over 8 rows
+//! of 128 tokens (the policy objective), with the tokens each processed.
+
+use std::path::Path;
+use std::time::Instant;
+
+use gyre_gpu::engine::{Engine, EngineConfig, Request, SamplingParams};
+use gyre_gpu::model::hf::{self, HfConfig, LoadOptions};
+use gyre_gpu::model::{ModelConfig, ParamBuffer};
+use gyre_gpu::trainer::{Loss, MicroStep, TrainRow, Trainer};
+
+const PROMPT: usize = 32;
+const NEW_TOKENS: u32 = 64;
+const ROWS: usize = 8;
+const ROW_LEN: usize = 128;
+
+/// `ModelConfig::qwen3_small` (the policy bench's Qwen3 shape) as a
+/// checkpoint configuration.
+fn qwen3_small() -> HfConfig {
+    let model = ModelConfig::qwen3_small();
+    HfConfig {
+        max_positions: model.context,
+        model,
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+    }
+}
+
+fn prompt(i: usize) -> Vec<u32> {
+    (0..PROMPT)
+        .map(|t| ((t * 7 + i * 13) % 256) as u32)
+        .collect()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn generate(engine: &mut Engine, concurrent: usize, rep: usize) -> Result<f64, String> {
+    let t = Instant::now();
+    for i in 0..concurrent {
+        let params = SamplingParams {
+            max_new_tokens: NEW_TOKENS,
+            seed: (rep * 1000 + i) as u64,
+            ..Default::default()
+        };
+        let req = Request {
+            prompt: prompt(i),
+            params,
+        };
+        engine.submit(req).map_err(|e| e.to_string())?;
+    }
+    let done = engine.run_until_idle().map_err(|e| e.to_string())?;
+    let tokens: usize = done.iter().map(|c| c.tokens.len()).sum();
+    if tokens != concurrent * NEW_TOKENS as usize {
+        return Err(format!("{tokens} tokens generated"));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn train_rows() -> Vec<TrainRow> {
+    (0..ROWS)
+        .map(|r| TrainRow {
+            execution: r as u32,
+            input_ids: (0..ROW_LEN)
+                .map(|t| ((t * 31 + r * 7) % 256) as u32)
+                .collect(),
+            target: (0..ROW_LEN).map(|t| t >= PROMPT).collect(),
+            behaviour_logprobs: vec![-5.5; ROW_LEN],
+            coefficients: vec![1.0 / (96.0 * ROWS as f32); ROW_LEN],
+            advantage: if r % 2 == 0 { 1.0 } else { -1.0 },
+        })
+        .collect()
+}
+
+fn bench(dir: &Path, reps: usize) -> Result<(), String> {
+    let ck = hf::load(dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    let model = ck.config.model.clone();
+    let cfg = EngineConfig::for_model(model.clone(), 32);
+    let mut engine = Engine::new(cfg, &ck.params).map_err(|e| e.to_string())?;
+    let mut trainer = Trainer::new(&model, &ck.params).map_err(|e| e.to_string())?;
+    let rows = train_rows();
+    let step = MicroStep::whole(&rows);
+    let loss = Loss::Policy(Default::default());
+    // One warm-up of each, then `reps` timed runs.
+    let (mut one, mut many, mut train) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..=reps {
+        let a = generate(&mut engine, 1, rep)?;
+        let b = generate(&mut engine, 32, rep)?;
+        let t = Instant::now();
+        trainer
+            .accumulate(&rows, &step, &loss, None)
+            .map_err(|e| e.to_string())?;
+        let c = t.elapsed().as_secs_f64();
+        trainer.zero_grads().map_err(|e| e.to_string())?;
+        if rep > 0 {
+            one.push(a);
+            many.push(b);
+            train.push(c);
+        }
+    }
+    let out = serde_json::json!({
+        "impl": "gyre",
+        "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "reps": reps,
+        "generate_1_s": median(one),
+        "generate_1_tokens": NEW_TOKENS,
+        "generate_32_s": median(many),
+        "generate_32_tokens": 32 * NEW_TOKENS,
+        "train_s": median(train),
+        "train_tokens": ROWS * ROW_LEN,
+    });
+    println!("{out}");
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["write", dir] => {
+            let cfg = qwen3_small();
+            ParamBuffer::init(&cfg.model, 1)
+                .map_err(|e| e.to_string())
+                .and_then(|p| hf::save(Path::new(dir), &cfg, &p, 1).map_err(|e| e.to_string()))
+        }
+        ["bench", dir] => bench(Path::new(dir), 5),
+        ["bench", dir, reps] => match reps.parse() {
+            Ok(n) if n > 0 => bench(Path::new(dir), n),
+            _ => Err(format!("REPS must be a positive integer, got {reps:?}")),
+        },
+        _ => Err("usage: torch_anchor write DIR | bench DIR [REPS]".into()),
+    };
+    if let Err(e) = result {
+        eprintln!("torch_anchor: {e}");
+        std::process::exit(1);
+    }
+}
