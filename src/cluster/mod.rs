@@ -19,10 +19,12 @@
 //! - [`node`]: the node agent.
 //! - [`head`]: the head's run.
 //! - [`plane`]: payloads across processes.
+//! - [`prefix`]: the training prefix's all-reduce and broadcast.
 
 pub mod head;
 pub mod launcher;
 pub mod node;
 pub mod placement;
 pub mod plane;
+pub mod prefix;
 pub mod proto;
