@@ -20,27 +20,27 @@ fn slurm_is_up() -> bool {
         })
 }
 
-#[test]
-fn a_tiny_run_trains_with_each_node_agent_an_srun_step() {
-    if !slurm_is_up() {
-        assert!(
-            std::env::var_os("GYRE_REQUIRE_SLURM").is_none(),
-            "GYRE_REQUIRE_SLURM is set but no Slurm node is up (sinfo)"
-        );
-        eprintln!("skipped: no Slurm node is up (run scripts/slurm-one-node.sh start as root)");
-        return;
+fn skip_without_slurm() -> bool {
+    if slurm_is_up() {
+        return false;
     }
-    let out = ok(&[
-        "train",
-        "--tiny",
-        "--steps",
-        "3",
-        "--cluster",
-        "slurm",
-        "--json",
-    ]);
+    assert!(
+        std::env::var_os("GYRE_REQUIRE_SLURM").is_none(),
+        "GYRE_REQUIRE_SLURM is set but no Slurm node is up (sinfo)"
+    );
+    eprintln!("skipped: no Slurm node is up (run scripts/slurm-one-node.sh start as root)");
+    true
+}
+
+/// A tiny 3-step run placed by `placement` (with `extra` arguments): its
+/// report, checked for what every placement must give, and its processes.
+fn three_steps(placement: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec!["train", "--tiny", "--steps", "3", "--cluster", placement];
+    args.extend(extra);
+    args.push("--json");
+    let out = ok(&args);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
-    assert_eq!(r["placement"], "slurm");
+    assert_eq!(r["placement"], placement);
     assert_eq!(r["steps"], 3);
     let versions: Vec<u64> = r["updates"]
         .as_array()
@@ -49,13 +49,44 @@ fn a_tiny_run_trains_with_each_node_agent_an_srun_step() {
         .map(|u| u["version"].as_u64().unwrap())
         .collect();
     assert_eq!(versions, [1, 2, 3]);
-    let procs = r["processes"].as_array().unwrap();
+    assert!(r["bytes_moved"]["weights"].as_u64().unwrap() > 0);
+    let procs = r["processes"].as_array().unwrap().clone();
     assert_eq!(procs.len(), 3);
-    for p in procs {
+    procs
+}
+
+/// `--cluster slurm-batch`: the head submits the generated batch script
+/// with `sbatch` (one allocation, every node agent one step of it) and the
+/// agents connect back. On the one-node test cluster the script's
+/// `--nodes=3` is overridden to one node, its 3 tasks overcommitted.
+#[test]
+fn a_tiny_run_trains_from_a_submitted_batch_script() {
+    if skip_without_slurm() {
+        return;
+    }
+    let procs = three_steps(
+        "slurm-batch",
+        &["--srun-arg=--nodes=1", "--srun-arg=--overcommit"],
+    );
+    let job = &procs[0]["pid"];
+    for p in &procs {
+        assert_eq!(&p["pid"], job, "one batch job holds every node agent: {p}");
+        assert!(
+            p["agent_pid"].as_u64().unwrap() > 0,
+            "each agent joined: {p}"
+        );
+    }
+}
+
+#[test]
+fn a_tiny_run_trains_with_each_node_agent_an_srun_step() {
+    if skip_without_slurm() {
+        return;
+    }
+    for p in three_steps("slurm", &[]) {
         assert_ne!(
             p["pid"], p["agent_pid"],
             "the launcher started srun, which started the node agent: {p}"
         );
     }
-    assert!(r["bytes_moved"]["weights"].as_u64().unwrap() > 0);
 }

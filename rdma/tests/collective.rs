@@ -3,7 +3,7 @@
 
 use std::thread;
 
-use gyre_rdma::collective::{Group, RingAllReduce};
+use gyre_rdma::collective::{Group, RingAllReduce, ring_order_sum};
 use gyre_rdma::{ClusterSecret, TcpOptions, TcpServer, TransferEngine};
 
 /// `n` ranks, each listening and connected to every other.
@@ -82,6 +82,63 @@ fn ring_all_reduce_over_two_to_four_ranks_equals_the_sum() {
         for len in [1, 3, 1001, 40_000] {
             let (groups, _servers) = mesh(n, &format!("ar{n}-{len}"));
             run_all_reduce(groups, len, 3);
+        }
+    }
+}
+
+/// Values whose sums depend on the order they are added in.
+fn rounding_gradient(rank: usize, len: usize) -> Vec<f32> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(rank as u64 * 7919 + len as u64);
+    (0..len)
+        .map(|_| rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-6..6)))
+        .collect()
+}
+
+#[test]
+fn the_ring_sums_in_its_pinned_order_bit_for_bit() {
+    for n in 2..=4 {
+        let len = 1001;
+        let (groups, _servers) = mesh(n, &format!("order{n}"));
+        let handles: Vec<_> = groups
+            .into_iter()
+            .map(|g| {
+                thread::spawn(move || {
+                    let mut v = rounding_gradient(g.rank, len);
+                    let mut ring = RingAllReduce::new(g, len).unwrap();
+                    ring.all_reduce(&mut v).unwrap();
+                    (v, ring.bytes_written())
+                })
+            })
+            .collect();
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| rounding_gradient(r, len)).collect();
+        let parts: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let expected = ring_order_sum(&parts);
+        let in_rank_order: Vec<f32> = (0..len)
+            .map(|i| inputs.iter().skip(1).fold(inputs[0][i], |a, g| a + g[i]))
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for h in handles {
+            let (got, written) = h.join().unwrap();
+            assert_eq!(bits(&got), bits(&expected), "n={n}");
+            // 2(n−1) chunks of about len/n values, 4 bytes each.
+            assert!(
+                written >= (2 * (n - 1) * (len / n) * 4) as u64,
+                "n={n}: {written}"
+            );
+        }
+        if n == 2 {
+            assert_eq!(
+                bits(&expected),
+                bits(&in_rank_order),
+                "two ranks: plain order"
+            );
+        } else {
+            assert_ne!(
+                bits(&expected),
+                bits(&in_rank_order),
+                "n={n}: the order matters here"
+            );
         }
     }
 }

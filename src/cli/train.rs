@@ -72,14 +72,18 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     pub reject_retries: u32,
     /// Run across OS processes: `local[:N]` (node agents as child
-    /// processes) or `slurm[:N]` (one `srun` step each); N packs the
-    /// cells and the pool into N node agents (default one each).
-    #[arg(long, value_name = "local[:N]|slurm[:N]")]
+    /// processes), `slurm[:N]` (one `srun` step each), `slurm-batch[:N]`
+    /// (`sbatch` of the generated script; agents connect back) or
+    /// `k8s[:N]` (`kubectl apply` of the generated Jobs, image
+    /// `$GYRE_K8S_IMAGE`); N packs the cells and the pool into N node
+    /// agents (default one each).
+    #[arg(long, value_name = "local[:N]|slurm[:N]|slurm-batch[:N]|k8s[:N]")]
     pub cluster: Option<String>,
     /// Where the head listens for node agents (with `--cluster`).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub cluster_listen: std::net::SocketAddr,
-    /// An extra `srun` argument (with `--cluster slurm`), repeatable.
+    /// An extra `srun` argument (with `--cluster slurm`; an `sbatch`
+    /// argument with `slurm-batch`), repeatable.
     #[arg(long)]
     pub srun_arg: Vec<String>,
     /// Put the gateway in front, listening here (`127.0.0.1:0`: a free
@@ -339,7 +343,16 @@ fn cluster_options(spec: &str, args: &TrainArgs) -> Result<ClusterOptions> {
         "slurm" => Launch::Slurm {
             extra: args.srun_arg.clone(),
         },
-        other => anyhow::bail!("--cluster {other}: expected local[:N] or slurm[:N]"),
+        "slurm-batch" => Launch::SlurmBatch {
+            extra: args.srun_arg.clone(),
+        },
+        "k8s" => Launch::Kubernetes {
+            image: std::env::var("GYRE_K8S_IMAGE").unwrap_or_else(|_| "gyre:latest".into()),
+            head_host: args.cluster_listen.ip().to_string(),
+        },
+        other => anyhow::bail!(
+            "--cluster {other}: expected local[:N], slurm[:N], slurm-batch[:N] or k8s[:N]"
+        ),
     };
     opts.processes = n;
     opts.listen = args.cluster_listen;

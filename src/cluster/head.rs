@@ -30,7 +30,7 @@ use tokio::sync::mpsc::Receiver;
 
 use super::launcher::{ClusterEvent, Launcher, LauncherMsg};
 use super::node::to_hex;
-use super::placement::{HeadInfo, Launch, Placement, Processes};
+use super::placement::{HeadInfo, Launch, Placement, placement_for};
 use super::plane::{BytesMoved, Directory, Plane, PlaneError, shared_over};
 use super::proto::{HEAD, NodeCmd, NodeEvent, NodePorts, NodeSpec, Role, launcher_id, node_specs};
 use crate::embedded::cluster::{BuildError, ConfigFileError, EmbeddedBackends, EmbeddedConfig};
@@ -283,14 +283,16 @@ async fn run_head(
     let (events_addr, events) = live.probe::<ClusterEvent>(1024);
     let (updates_addr, mut updates_rx) = live.probe::<UpdateSummary>(1024);
     let specs = node_specs(&cfg.sched, opts.processes);
-    let placement: Arc<dyn Placement> = Arc::new(Processes::new(
-        opts.launch.clone(),
+    let placement: Arc<dyn Placement> = placement_for(
+        &opts.launch,
         HeadInfo {
             addr: head_addr,
             secret_hex: to_hex(secret),
             exe: opts.exe.clone(),
         },
-    ));
+        &specs,
+    )
+    .into();
     *placement_out = Some(placement.clone());
     let launcher = live.spawn(Launcher::new(placement.clone(), specs.clone(), events_addr));
     if launcher.id() != launcher_id() {

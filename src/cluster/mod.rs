@@ -16,13 +16,17 @@
 //! - [`launcher`]: the launcher actor (start, watch, report).
 //! - [`placement`]: where node agents run (`local`, `slurm`) and the
 //!   Kubernetes manifest.
+//! - [`managed`]: node agents submitted to a manager (`sbatch`, `kubectl`).
 //! - [`node`]: the node agent.
 //! - [`head`]: the head's run.
 //! - [`plane`]: payloads across processes.
+//! - [`prefix`]: the training prefix's all-reduce and broadcast.
 
 pub mod head;
 pub mod launcher;
+pub mod managed;
 pub mod node;
 pub mod placement;
 pub mod plane;
+pub mod prefix;
 pub mod proto;

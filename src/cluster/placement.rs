@@ -64,6 +64,29 @@ pub enum Launch {
     Local,
     /// One `srun` step per node agent.
     Slurm { extra: Vec<String> },
+    /// `sbatch` of the generated batch script (`super::managed`); `extra`
+    /// are `sbatch` arguments.
+    SlurmBatch { extra: Vec<String> },
+    /// `kubectl apply` of the generated Jobs (`super::managed`), pods
+    /// running `image` and reaching the head at `head_host`.
+    Kubernetes { image: String, head_host: String },
+}
+
+/// The placement backend for `launch`, placing `specs`.
+pub fn placement_for(launch: &Launch, head: HeadInfo, specs: &[NodeSpec]) -> Box<dyn Placement> {
+    use super::managed::{KubernetesJobs, SlurmBatch};
+    match launch {
+        Launch::Local | Launch::Slurm { .. } => Box::new(Processes::new(launch.clone(), head)),
+        Launch::SlurmBatch { extra } => {
+            Box::new(SlurmBatch::new(head, specs.to_vec(), extra.clone()))
+        }
+        Launch::Kubernetes { image, head_host } => Box::new(KubernetesJobs::new(
+            head,
+            specs.to_vec(),
+            image.clone(),
+            head_host.clone(),
+        )),
+    }
 }
 
 /// The `local` and `slurm` backends: node agents as supervised processes.
@@ -86,7 +109,8 @@ impl Processes {
     pub fn command_line(&self, spec: &NodeSpec) -> Vec<String> {
         let agent = node_agent_args(&self.head, spec);
         match &self.launch {
-            Launch::Local => agent,
+            // The managed launches are other backends (`placement_for`).
+            Launch::Local | Launch::SlurmBatch { .. } | Launch::Kubernetes { .. } => agent,
             Launch::Slurm { extra } => {
                 let mut cmd = srun_args(spec);
                 cmd.extend(extra.iter().cloned());
@@ -126,8 +150,8 @@ fn srun_args(spec: &NodeSpec) -> Vec<String> {
 impl Placement for Processes {
     fn name(&self) -> &'static str {
         match self.launch {
-            Launch::Local => "local",
             Launch::Slurm { .. } => "slurm",
+            _ => "local",
         }
     }
 
@@ -185,7 +209,7 @@ pub fn sbatch_script(head: &HeadInfo, specs: &[NodeSpec], job: &str) -> String {
     let mut s = format!(
         "#!/bin/bash\n#SBATCH --job-name={job}\n#SBATCH --nodes={}\n#SBATCH --ntasks={}\n\
          # {SECRET_ENV} must be set in the submitting environment (sbatch exports it).\n\
-         : \"${{{SECRET_ENV}:?set {SECRET_ENV} to the head's cluster secret}}\"\n",
+         : \"${{{SECRET_ENV}:?set {SECRET_ENV} to the cluster secret of the head}}\"\n",
         specs.len(),
         specs.len()
     );
@@ -234,11 +258,11 @@ pub fn kubernetes_manifest(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cluster::proto::Role;
 
-    fn head() -> HeadInfo {
+    pub(crate) fn head() -> HeadInfo {
         HeadInfo {
             addr: "10.0.0.1:7000".parse().unwrap(),
             secret_hex: "00".repeat(32),
@@ -246,7 +270,7 @@ mod tests {
         }
     }
 
-    fn specs() -> Vec<NodeSpec> {
+    pub(crate) fn specs() -> Vec<NodeSpec> {
         vec![
             NodeSpec {
                 node: NodeId(10),

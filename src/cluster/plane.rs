@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use gyre_actors::sched::ids::{ExecId, Step, Version};
-use gyre_gpu::model::ModelConfig;
+use gyre_gpu::model::{ModelConfig, ParamLayout};
 use gyre_gpu::trainer::GradBuffer;
 use gyre_rdma::{
     ClusterSecret, Notification, PeerId, RequestError, TcpOptions, TcpServer, TransferEngine,
@@ -36,6 +36,7 @@ use gyre_rdma::{
 use gyre_runtime::{BlobId, BlobStore, NodeId};
 use serde::{Deserialize, Serialize};
 
+use super::prefix::{Collectives, PrefixGrads, PrefixWeights};
 use crate::embedded::shared::{GradStore, KvStore, Shared, WeightStore, lock};
 
 /// Where each process's transfer engine listens, and which process holds
@@ -117,6 +118,8 @@ pub struct Plane {
     /// load the same version read it once.
     weight_cache: Mutex<Option<(Version, Arc<[u8]>)>>,
     grads_local: Mutex<BTreeSet<(Step, u32)>>,
+    /// The newest weights published here (the core's), for a broadcast.
+    published: Mutex<Option<(Version, Bytes)>>,
 }
 
 impl std::fmt::Debug for Plane {
@@ -144,7 +147,7 @@ fn kv_name(exec: ExecId) -> String {
     format!("kv{}", exec.0)
 }
 
-fn u64_of(p: &[u8]) -> Option<u64> {
+pub(super) fn u64_of(p: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(p.get(..8)?.try_into().ok()?))
 }
 
@@ -175,6 +178,7 @@ impl Plane {
             versions: Mutex::new((v_rx, BTreeSet::from([0]))),
             weight_cache: Mutex::default(),
             grads_local: Mutex::default(),
+            published: Mutex::default(),
         });
         plane.serve_releases();
         Ok(plane)
@@ -326,6 +330,56 @@ impl Plane {
         self.engine.unregister(&kv_name(exec));
     }
 
+    pub(super) fn me(&self) -> NodeId {
+        self.me
+    }
+
+    pub(super) fn engine(&self) -> &TransferEngine {
+        &self.engine
+    }
+
+    pub(super) fn peer_of(&self, node: NodeId) -> Result<PeerId, PlaneError> {
+        self.peer(node)
+    }
+
+    /// The process hosting each cell, in cell order (empty before the
+    /// directory arrived).
+    pub(super) fn directory_cells(&self) -> Vec<NodeId> {
+        self.dir(|d| d.cells.clone()).unwrap_or_default()
+    }
+
+    pub(super) fn notify_node(
+        &self,
+        node: NodeId,
+        topic: &str,
+        payload: Vec<u8>,
+    ) -> Result<(), String> {
+        self.notify(node, topic, payload)
+    }
+
+    /// Gradient bytes this process sent to another (a collective's writes).
+    pub(super) fn count_gradients(&self, bytes: u64) {
+        self.moved.gradients.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// What cell `cell` of this process drained for `step`, if it did.
+    pub(super) fn local_grads(&self, step: Step, cell: u32) -> Option<GradBuffer> {
+        let seg = self.engine.local_segment(&grads_name(step, cell)).ok()?;
+        GradBuffer::decode(&seg.to_bytes())
+            .map_err(|e| tracing::warn!(step, cell, error = %e, "drained gradients unreadable"))
+            .ok()
+    }
+
+    /// Parameters a broadcast delivered: counted, and kept where the next
+    /// load of that version finds them without reading again.
+    pub(super) fn received_weights(&self, version: Version, bytes: &Bytes) {
+        self.moved
+            .weights
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        lock(&self.versions).1.insert(version);
+        *lock(&self.weight_cache) = Some((version, Arc::from(&bytes[..])));
+    }
+
     /// Stops serving segments (peers' reads fail from now on).
     pub fn stop(&self) {
         lock(&self.server).take();
@@ -335,11 +389,24 @@ impl Plane {
 /// What the embedded backends of one process share, when that process is
 /// one of a cluster's: every board and the payload store over `plane`.
 pub fn shared_over(plane: &Arc<Plane>, model: ModelConfig) -> Shared {
+    let len = ParamLayout::new(&model)
+        .map(|l| l.total)
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "no parameter layout: collectives carry nothing");
+            0
+        });
+    let prefix = Collectives::start(plane.clone(), len);
     Shared {
         model,
         blobs: Arc::new(PlaneBlobs(plane.clone())),
-        weights: Arc::new(PlaneWeights(plane.clone())),
-        grads: Arc::new(PlaneGrads(plane.clone())),
+        weights: Arc::new(PrefixWeights {
+            store: PlaneWeights(plane.clone()),
+            prefix: prefix.clone(),
+        }),
+        grads: Arc::new(PrefixGrads {
+            store: PlaneGrads(plane.clone()),
+            prefix,
+        }),
         kv: Arc::new(PlaneKv(plane.clone())),
         updates: Arc::default(),
         unloads: Arc::default(),
@@ -397,6 +464,11 @@ impl BlobStore for PlaneBlobs {
 pub struct PlaneWeights(pub Arc<Plane>);
 
 impl PlaneWeights {
+    /// The newest weights published on this process (the core's).
+    pub(super) fn published(&self) -> Option<(Version, Bytes)> {
+        lock(&self.0.published).clone()
+    }
+
     fn core(&self) -> Option<NodeId> {
         self.0.dir(|d| d.core)
     }
@@ -417,9 +489,11 @@ impl PlaneWeights {
 impl WeightStore for PlaneWeights {
     fn publish(&self, version: Version, bytes: Arc<[u8]>) {
         let p = &self.0;
-        if !p.register(&weights_name(version), Bytes::from(bytes.to_vec())) {
+        let bytes = Bytes::from(bytes.to_vec());
+        if !p.register(&weights_name(version), bytes.clone()) {
             return;
         }
+        *lock(&p.published) = Some((version, bytes));
         let stale: Vec<Version> = {
             let mut g = lock(&p.versions);
             g.1.insert(version);

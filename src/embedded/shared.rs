@@ -45,6 +45,18 @@ pub trait WeightStore: Send + Sync + fmt::Debug {
     fn get(&self, version: Version) -> Option<Arc<[u8]>>;
     /// The newest version published.
     fn latest(&self) -> Option<(Version, Arc<[u8]>)>;
+    /// Whether a broadcast to a prefix's satellites moves parameters
+    /// (across processes). In one process satellites read the board at
+    /// their next warm-up, so a broadcast has nothing to do.
+    fn broadcasts(&self) -> bool {
+        false
+    }
+    /// Sends the newest published parameters to the other members of the
+    /// prefix of `members`; the version sent, if any.
+    fn broadcast(&self, members: u32) -> Result<Option<Version>, String> {
+        let _ = members;
+        Ok(None)
+    }
 }
 
 /// Where each training cell's drained gradients wait for the core's reduce.
@@ -54,6 +66,19 @@ pub trait GradStore: Send + Sync + fmt::Debug {
     /// order, and forgets anything older. A member that deposited nothing
     /// is reported by index.
     fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>);
+    /// The sum of the gradients of `step` over cells `0..members` (`None`
+    /// when none drained any) and the members that drained nothing. Here
+    /// the parts are added in cell order; across processes a ring
+    /// all-reduce over the prefix does it (`crate::cluster::prefix`).
+    fn reduce(&self, step: Step, members: u32) -> Result<(Option<GradBuffer>, Vec<u32>), String> {
+        let (parts, missing) = self.take(step, members);
+        if parts.is_empty() {
+            return Ok((None, missing));
+        }
+        GradBuffer::sum(&parts)
+            .map(|s| (Some(s), missing))
+            .map_err(|e| e.to_string())
+    }
     /// Steps reduced over more than one cell (a satellite joined), where
     /// the store counts them.
     fn shared_steps(&self) -> u64 {

@@ -71,6 +71,7 @@ pub enum Finished {
         missing: Vec<u32>,
     },
     Updated(UpdateSummary),
+    Broadcasted,
 }
 
 /// One optimizer update, for reports.
@@ -215,9 +216,17 @@ impl TrainerWorker {
                 cx.send(*reply_to, TrainerEvent::GroupsBuilt { groups });
                 return self.next(cx);
             }
-            TrainerReq::Broadcast { step, reply_to, .. } => {
+            TrainerReq::Broadcast { step, reply_to, .. } if !self.shared.weights.broadcasts() => {
                 cx.send(*reply_to, TrainerEvent::Broadcasted { step: *step });
                 return self.next(cx);
+            }
+            TrainerReq::Broadcast { members, .. } => {
+                let weights = self.shared.weights.clone();
+                let members = *members;
+                let job = Work::new("trainer.broadcast", move || {
+                    weights.broadcast(members).map(|_| Finished::Broadcasted)
+                });
+                cx.io(job, done)
             }
         }
         self.jobs.begin(req);
@@ -287,15 +296,14 @@ impl TrainerWorker {
         let slot = self.reduced.clone();
         let trainer = self.trainer.clone();
         Work::new("trainer.reduce", move || {
-            let (parts, missing) = grads.take(step, members.max(1));
+            let (sum, missing) = grads.reduce(step, members.max(1))?;
             // A batch whose executions all failed to produce rows has no
             // micro-steps, so nobody drained: its gradient is zero, and the
             // step still makes its one update (the version advances as the
             // core counts it).
-            let sum = if parts.is_empty() {
-                lock(&trainer).export_grads().map_err(|e| e.to_string())?
-            } else {
-                GradBuffer::sum(&parts).map_err(|e| e.to_string())?
+            let sum = match sum {
+                Some(sum) => sum,
+                None => lock(&trainer).export_grads().map_err(|e| e.to_string())?,
             };
             let grad_norm = sum.norm();
             *lock(&slot) = Some(sum);
@@ -384,7 +392,10 @@ impl TrainerWorker {
                 }
                 cx.send(reply_to, TrainerEvent::Updated { step });
             }
-            TrainerReq::BuildGroups { .. } | TrainerReq::Broadcast { .. } => {}
+            TrainerReq::Broadcast { step, reply_to, .. } => {
+                cx.send(reply_to, TrainerEvent::Broadcasted { step });
+            }
+            TrainerReq::BuildGroups { .. } => {}
         }
     }
 

@@ -23,6 +23,19 @@ impl Group {
         call: u64,
         data: Option<Bytes>,
     ) -> Result<Bytes, CollectiveError> {
+        self.broadcast_then(root, call, data, |_| ())
+    }
+
+    /// [`Self::broadcast`], where a member hands the bytes to `received`
+    /// before telling the root it has them, so the root returns only once
+    /// every member has put them where it needs them.
+    pub fn broadcast_then(
+        &self,
+        root: usize,
+        call: u64,
+        data: Option<Bytes>,
+        received: impl FnOnce(&Bytes),
+    ) -> Result<Bytes, CollectiveError> {
         let (ready, read) = (self.topic("bcast-ready"), self.topic("bcast-read"));
         if root >= self.size() {
             return Err(CollectiveError::NotMember {
@@ -69,6 +82,7 @@ impl Group {
             Some(Err(e)) => return Err(e.into()),
             None => Bytes::new(),
         };
+        received(&bytes);
         self.engine
             .send_notification(root_peer, &read, signal(call, 0))?;
         Ok(bytes)

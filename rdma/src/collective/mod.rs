@@ -12,5 +12,5 @@ mod broadcast;
 mod group;
 mod ring;
 
-pub use group::{CollectiveError, Group};
-pub use ring::RingAllReduce;
+pub use group::{CollectiveError, Group, STEP_TIMEOUT};
+pub use ring::{RingAllReduce, ring_order_sum};

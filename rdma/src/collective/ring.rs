@@ -3,7 +3,11 @@
 //! for that step and notifies it, then waits for its left neighbour's chunk.
 //!
 //! Each fully reduced chunk is summed at one rank and copied to the others,
-//! so every rank ends with bit-identical values. Inbox slots are doubled by
+//! so every rank ends with bit-identical values. The summation order is
+//! pinned: chunk `c` (of `len.div_ceil(n)` values) is summed
+//! `((x_c + x_{c+1}) + x_{c+2}) + …` over ranks from `c` round the ring,
+//! which [`ring_order_sum`] reproduces on one machine; for two ranks that
+//! is the plain sum in rank order, bit for bit. Inbox slots are doubled by
 //! call parity: a rank can run at most one call ahead of its neighbour (the
 //! ring couples them), so consecutive calls never overwrite a slot still
 //! being read.
@@ -27,6 +31,7 @@ pub struct RingAllReduce {
     notes: Receiver<Notification>,
     early: HashSet<(u64, u64)>,
     call: u64,
+    written: u64,
 }
 
 impl RingAllReduce {
@@ -53,11 +58,17 @@ impl RingAllReduce {
             notes,
             early: HashSet::new(),
             call: 0,
+            written: 0,
         })
     }
 
     pub fn group(&self) -> &Group {
         &self.group
+    }
+
+    /// Bytes this rank wrote into its neighbour's inbox over all calls.
+    pub fn bytes_written(&self) -> u64 {
+        self.written
     }
 
     /// Replaces `values` by the element-wise sum over all ranks.
@@ -94,6 +105,7 @@ impl RingAllReduce {
                 .iter()
                 .flat_map(|v| v.to_le_bytes())
                 .collect();
+            self.written += out.len() as u64;
             self.group.engine.transfer_then_notify(
                 vec![TransferRequest::write(&right_inbox, slot, Bytes::from(out))],
                 right,
@@ -129,4 +141,27 @@ impl RingAllReduce {
         }
         Ok(())
     }
+}
+
+/// The ring's sum on one machine, in the ring's pinned order: chunk `c` of
+/// `parts[0].len().div_ceil(n)` values starts with rank `c`'s values and
+/// adds ranks `c+1, c+2, …` (mod n) in turn. What [`RingAllReduce`] leaves
+/// on every rank, bit for bit; every part must have the same length.
+pub fn ring_order_sum(parts: &[&[f32]]) -> Vec<f32> {
+    let n = parts.len();
+    let Some(first) = parts.first() else {
+        return Vec::new();
+    };
+    let len = first.len();
+    let chunk = len.div_ceil(n).max(1);
+    (0..len)
+        .map(|i| {
+            let c = i / chunk;
+            let mut acc = parts[c % n][i];
+            for k in 1..n {
+                acc += parts[(c + k) % n][i];
+            }
+            acc
+        })
+        .collect()
 }

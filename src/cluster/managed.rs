@@ -1,0 +1,309 @@
+//! Placements that hand the node agents to a cluster manager's own job
+//! submission and let them connect back to the head: `slurm-batch` submits
+//! the generated batch script with `sbatch` (every agent one step of one
+//! allocation), `k8s` applies the generated Kubernetes Jobs, with the
+//! cluster secret as a Secret, through `kubectl`.
+//!
+//! The head does not own these processes, so "waiting for a node" is
+//! polling the manager until the job has ended; a node agent that dies
+//! inside a job that goes on is caught by its link (`watch_node`), as with
+//! every placement. The secret reaches the manager only through the
+//! environment (`sbatch --export`) or `kubectl`'s stdin, never a command
+//! line.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use gyre_runtime::NodeId;
+
+use super::placement::{HeadInfo, Placement, SECRET_ENV, kubernetes_manifest, sbatch_script};
+use super::proto::NodeSpec;
+use crate::embedded::shared::lock;
+
+/// How often a manager is asked whether a job is still running.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Runs `program args`, feeding `stdin`, with the secret in the
+/// environment; its stdout, or an error naming the command and its stderr.
+fn run_tool(
+    program: &str,
+    args: &[String],
+    stdin: Option<&str>,
+    secret: &str,
+) -> Result<String, String> {
+    let shown = format!("`{program} {}`", args.join(" "));
+    let mut child = Command::new(program)
+        .args(args)
+        .env(SECRET_ENV, secret)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {shown}: {e}"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .map_err(|e| format!("writing to {shown}: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for {shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `sbatch` of [`sbatch_script`]: one submission for every node agent.
+pub struct SlurmBatch {
+    head: HeadInfo,
+    specs: Vec<NodeSpec>,
+    /// Extra `sbatch` arguments (they override the script's directives).
+    extra: Vec<String>,
+    /// The submitted job's id, once submitted.
+    job: Mutex<Option<Result<u32, String>>>,
+}
+
+impl SlurmBatch {
+    pub fn new(head: HeadInfo, specs: Vec<NodeSpec>, extra: Vec<String>) -> Self {
+        Self {
+            head,
+            specs,
+            extra,
+            job: Mutex::default(),
+        }
+    }
+
+    /// The `sbatch` arguments; the script comes on stdin.
+    pub fn sbatch_args(&self) -> Vec<String> {
+        let out = std::env::temp_dir().join("gyre-batch-%j.out");
+        let mut args = vec![
+            "--parsable".to_string(),
+            format!("--export=ALL,{SECRET_ENV}"),
+            format!("--output={}", out.display()),
+        ];
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    fn submit(&self) -> Result<u32, String> {
+        let script = sbatch_script(&self.head, &self.specs, "gyre");
+        let out = run_tool(
+            "sbatch",
+            &self.sbatch_args(),
+            Some(&script),
+            &self.head.secret_hex,
+        )?;
+        // `--parsable` prints `id` or `id;cluster`.
+        out.split(';')
+            .next()
+            .and_then(|id| id.trim().parse().ok())
+            .ok_or_else(|| format!("sbatch printed no job id: {out:?}"))
+    }
+
+    fn job(&self) -> Result<u32, String> {
+        lock(&self.job)
+            .clone()
+            .unwrap_or_else(|| Err("the batch job was never submitted".into()))
+    }
+}
+
+/// A Slurm job state after which nothing of the job runs.
+fn slurm_job_over(state: &str) -> bool {
+    !matches!(
+        state,
+        "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "RESIZING"
+    )
+}
+
+impl Placement for SlurmBatch {
+    fn name(&self) -> &'static str {
+        "slurm-batch"
+    }
+
+    /// Submits the one batch job on the first call; every node agent is
+    /// one of its steps, so later calls answer the same job id.
+    fn launch(&self, _spec: &NodeSpec) -> Result<u32, String> {
+        let mut job = lock(&self.job);
+        job.get_or_insert_with(|| self.submit()).clone()
+    }
+
+    fn wait(&self, _node: NodeId) -> Result<String, String> {
+        let id = self.job()?;
+        loop {
+            let args = [
+                "-h".into(),
+                "-j".into(),
+                id.to_string(),
+                "-o".into(),
+                "%T".into(),
+            ];
+            // A finished job is soon unknown to squeue: that is its end too.
+            let state = match run_tool("squeue", &args, None, "") {
+                Ok(state) => state,
+                Err(e) if e.contains("Invalid job id") => String::new(),
+                Err(e) => return Err(e),
+            };
+            if state.is_empty() || slurm_job_over(&state) {
+                let state = if state.is_empty() { "gone" } else { &state };
+                return Ok(format!("batch job {id} ended ({state})"));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn stop_all(&self) {
+        if let Ok(id) = self.job()
+            && let Err(e) = run_tool("scancel", &[id.to_string()], None, "")
+        {
+            tracing::warn!(job = id, error = %e, "cancelling the batch job");
+        }
+    }
+}
+
+/// The Secret holding the cluster secret (key `secret`, hex), for the
+/// Jobs of [`kubernetes_manifest`].
+pub fn kubernetes_secret(name: &str, secret_hex: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  labels:\n    app: gyre\n\
+         type: Opaque\nstringData:\n  secret: \"{secret_hex}\"\n"
+    )
+}
+
+/// `kubectl apply` of the Secret and one Job per node agent.
+pub struct KubernetesJobs {
+    head: HeadInfo,
+    specs: Vec<NodeSpec>,
+    image: String,
+    /// The head's address as pods reach it.
+    head_host: String,
+    applied: Mutex<Option<Result<(), String>>>,
+}
+
+/// The Secret's name.
+const K8S_SECRET: &str = "gyre-cluster-secret";
+
+impl KubernetesJobs {
+    pub fn new(head: HeadInfo, specs: Vec<NodeSpec>, image: String, head_host: String) -> Self {
+        Self {
+            head,
+            specs,
+            image,
+            head_host,
+            applied: Mutex::default(),
+        }
+    }
+
+    /// Everything `kubectl apply -f -` is fed: the Secret, then the Jobs.
+    pub fn documents(&self) -> String {
+        format!(
+            "{}---\n{}",
+            kubernetes_secret(K8S_SECRET, &self.head.secret_hex),
+            kubernetes_manifest(
+                &self.specs,
+                &self.image,
+                &self.head_host,
+                self.head.addr.port(),
+                K8S_SECRET,
+            )
+        )
+    }
+
+    fn apply(&self) -> Result<(), String> {
+        let args = ["apply".into(), "-f".into(), "-".into()];
+        run_tool("kubectl", &args, Some(&self.documents()), "").map(|_| ())
+    }
+}
+
+impl Placement for KubernetesJobs {
+    fn name(&self) -> &'static str {
+        "k8s"
+    }
+
+    fn launch(&self, _spec: &NodeSpec) -> Result<u32, String> {
+        lock(&self.applied)
+            .get_or_insert_with(|| self.apply())
+            .clone()
+            .map(|()| 0)
+    }
+
+    fn wait(&self, node: NodeId) -> Result<String, String> {
+        let job = format!("job/gyre-node-{}", node.0);
+        let args = [
+            "get".into(),
+            job.clone(),
+            "-o".into(),
+            "jsonpath={.status.succeeded},{.status.failed}".into(),
+        ];
+        loop {
+            let status = run_tool("kubectl", &args, None, "")?;
+            match status.split_once(',') {
+                Some((ok, _)) if !ok.is_empty() && ok != "0" => {
+                    return Ok(format!("{job} succeeded"));
+                }
+                Some((_, failed)) if !failed.is_empty() && failed != "0" => {
+                    return Ok(format!("{job} failed"));
+                }
+                _ => std::thread::sleep(POLL),
+            }
+        }
+    }
+
+    fn stop_all(&self) {
+        for what in [["job", "-l", "app=gyre"], ["secret", "-l", "app=gyre"]] {
+            let mut args = vec!["delete".to_string()];
+            args.extend(what.iter().map(ToString::to_string));
+            if let Err(e) = run_tool("kubectl", &args, None, "") {
+                tracing::warn!(error = %e, "cleaning up the Kubernetes Jobs");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::placement::tests::{head, specs};
+
+    #[test]
+    fn sbatch_gets_the_secret_by_environment_and_extra_arguments_last() {
+        let b = SlurmBatch::new(head(), specs(), vec!["--nodes=1".into()]);
+        let args = b.sbatch_args();
+        assert_eq!(args[0], "--parsable");
+        assert!(args.contains(&format!("--export=ALL,{SECRET_ENV}")));
+        assert_eq!(args.last().unwrap(), "--nodes=1");
+        assert!(!args.iter().any(|a| a.contains(&head().secret_hex)));
+        assert!(slurm_job_over("COMPLETED") && slurm_job_over("CANCELLED"));
+        assert!(!slurm_job_over("PENDING") && !slurm_job_over("RUNNING"));
+    }
+
+    /// Golden: the exact documents `kubectl apply -f -` is fed for a cell
+    /// and the pool: the Secret first (the cluster secret, hex, as
+    /// `stringData.secret`), then one Job per node agent, each naming its
+    /// node and roles, joining the head at the given host and the head's
+    /// port, binding 0.0.0.0, never restarted, reading the secret from the
+    /// Secret. Regenerate with `GYRE_BLESS=1` after a deliberate change.
+    #[test]
+    fn the_kubernetes_documents_match_the_golden_file() {
+        let k = KubernetesJobs::new(head(), specs(), "gyre:dev".into(), "gyre-head".into());
+        let got = k.documents();
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/k8s-jobs.yaml");
+        if std::env::var_os("GYRE_BLESS").is_some() {
+            std::fs::write(&path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(got, want, "the manifest changed; see {}", path.display());
+        assert_eq!(got.matches("kind: Job\n").count(), 2);
+        assert_eq!(got.matches("kind: Secret\n").count(), 1);
+    }
+}
