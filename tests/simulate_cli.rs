@@ -2,7 +2,8 @@
 //! builds answer in seconds: the same seed gives byte-identical `--json`
 //! output in two processes and another seed changes it; the JSON has the
 //! documented fields; `--profile` sets the statistics beside the SPEC 5
-//! targets; plots and CSV files are written; a bad scenario file is
+//! targets; plots (the GPU-time breakdown and critical path among them) and
+//! CSV files are written; a bad scenario file is
 //! rejected with an error naming the field.
 
 use std::path::PathBuf;
@@ -79,6 +80,29 @@ fn json_has_the_documented_schema() {
             assert!(r.get(key).is_some(), "{key} missing in {r}");
         }
         assert!(r["total_hours"].as_f64().unwrap() > 0.0);
+        let g = &r["gpu_hours"];
+        let phases: f64 = [
+            "rollout_busy",
+            "waiting_last_groups",
+            "waiting_on_training",
+            "rollout_idle",
+            "switching_to_training",
+            "switching_to_rollout",
+            "warmup_drain",
+            "training",
+            "optimizer",
+            "publication",
+            "training_idle",
+        ]
+        .iter()
+        .map(|k| {
+            g[k].as_f64()
+                .unwrap_or_else(|| panic!("gpu_hours.{k} missing"))
+        })
+        .sum();
+        let total = g["total"].as_f64().unwrap();
+        assert!(total > 0.0 && (phases - total).abs() < 1e-6 * total, "{g}");
+        assert_eq!(r["step_paths"].as_array().unwrap().len(), 3);
     }
     let elastic_vs_async = v["speedups"]["elastic"]["async"].as_f64().unwrap();
     let hours = |i: usize| results[i]["total_hours"].as_f64().unwrap();
@@ -164,9 +188,18 @@ fn plots_and_csv_files_are_written() {
     ok(&args);
     let svg = std::fs::read_to_string(&timeline).unwrap();
     assert!(svg.contains("<svg") && svg.contains("cell 0 (core)") && svg.contains("training"));
-    for f in ["timeline.svg", "steps.svg", "durations.svg"] {
+    for f in [
+        "timeline.svg",
+        "steps.svg",
+        "durations.svg",
+        "breakdown.svg",
+        "critical_path.svg",
+    ] {
         let s = std::fs::read_to_string(dir.join("all").join(f)).unwrap();
-        assert!(s.contains("<svg"), "{f}");
+        assert!(
+            s.starts_with("<svg") && s.trim_end().ends_with("</svg>"),
+            "{f}"
+        );
     }
     let runs = std::fs::read_to_string(dir.join("csv/runs.csv")).unwrap();
     assert!(runs.starts_with("name,policy,phi,mu"));

@@ -4,7 +4,9 @@
 //! also builds the gateway and the embedded model).
 //!
 //! `cargo run --release -p gyre-simulations --example compare -- SCENARIO
-//! STALENESS [STEPS] [OVERSAMPLE]`
+//! STALENESS [STEPS] [OVERSAMPLE]`; it also prints the GPU-time breakdown,
+//! and with `GYRE_PLOTS=DIR` writes the breakdown, critical-path and
+//! timeline plots there.
 
 use gyre_simulations::lab::{self, RunOptions};
 use gyre_simulations::scenario::{self, Selection};
@@ -41,5 +43,15 @@ fn main() -> Result<(), String> {
         );
     }
     println!("speedups {:?}", c.speedups.get("elastic"));
+    print!("{}", lab::report::breakdown_table(&c));
+    if let Ok(dir) = std::env::var("GYRE_PLOTS") {
+        let dir = std::path::Path::new(&dir);
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        lab::plot::breakdown::draw_gpu_hours(&c, &dir.join("breakdown.svg"))
+            .map_err(|e| e.to_string())?;
+        lab::plot::breakdown::draw_critical_path(&c, &dir.join("critical_path.svg"))
+            .map_err(|e| e.to_string())?;
+        lab::plot::timeline::draw(&c, &dir.join("timeline.svg")).map_err(|e| e.to_string())?;
+    }
     Ok(())
 }

@@ -45,7 +45,8 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "FILE.svg")]
     pub timeline: Option<PathBuf>,
     /// Write every plot into this folder: timeline.svg, steps.svg,
-    /// durations.svg.
+    /// durations.svg, breakdown.svg (GPU-hours by phase) and
+    /// critical_path.svg (a typical step's critical path).
     #[arg(long, value_name = "DIR")]
     pub plots: Option<PathBuf>,
     /// Write runs.csv, steps.csv and timeline.csv into this folder.
@@ -169,6 +170,8 @@ fn write_outputs(sc: &Scenario, c: &Comparison, args: &SimulateArgs) -> Result<(
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         plot::timeline::draw(c, &dir.join("timeline.svg"))?;
         plot::steps::draw(c, &dir.join("steps.svg"))?;
+        plot::breakdown::draw_gpu_hours(c, &dir.join("breakdown.svg"))?;
+        plot::breakdown::draw_critical_path(c, &dir.join("critical_path.svg"))?;
         let p = sample_profile(sc, args);
         plot::durations::draw(
             &p,

@@ -31,6 +31,18 @@ pub struct TrainerStats {
     pub busy: Nanos,
 }
 
+/// What a trainer is computing, by kind of request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainerOp {
+    Warmup,
+    FwdBwd,
+    Drain,
+    BuildGroups,
+    Reduce,
+    Update,
+    Broadcast,
+}
+
 #[derive(Debug)]
 pub struct SimTrainer {
     costs: TrainerCosts,
@@ -81,6 +93,23 @@ impl SimTrainer {
     /// An operation is running now.
     pub fn is_busy(&self) -> bool {
         self.busy
+    }
+
+    /// The operation running now, if any (the lab's GPU-time breakdown
+    /// reads it after every event).
+    pub fn current(&self) -> Option<TrainerOp> {
+        if !self.busy {
+            return None;
+        }
+        self.queue.front().map(|req| match req {
+            TrainerReq::Warmup { .. } => TrainerOp::Warmup,
+            TrainerReq::FwdBwd { .. } => TrainerOp::FwdBwd,
+            TrainerReq::Drain { .. } => TrainerOp::Drain,
+            TrainerReq::BuildGroups { .. } => TrainerOp::BuildGroups,
+            TrainerReq::Reduce { .. } => TrainerOp::Reduce,
+            TrainerReq::Update { .. } => TrainerOp::Update,
+            TrainerReq::Broadcast { .. } => TrainerOp::Broadcast,
+        })
     }
 
     /// Each optimizer update this trainer made, with when it finished.

@@ -51,6 +51,13 @@ impl SimTransfer {
         &self.published_at
     }
 
+    /// A weight publication to the rollout engines is under way.
+    pub fn is_publishing(&self) -> bool {
+        self.ops
+            .values()
+            .any(|op| matches!(op, TransferReq::Publish { .. }))
+    }
+
     pub fn stats(&self) -> TransferStats {
         self.stats
     }

@@ -2,13 +2,15 @@
 //! side and gathers what a scheduling researcher compares.
 //!
 //! - [`run`]: one run, sampled and read back into a [`RunResult`];
-//! - [`timeline`]: per-cell states over time and the GPU-time shares;
+//! - [`breakdown`]: GPU-hours by role and phase, integrated from events;
+//! - [`timeline`]: per-cell states over time, sampled for the plots;
 //! - [`report`]: the terminal table, the speed-ups and the CSV files;
 //! - [`plot`]: the SVG plots.
 //!
 //! Runs are independent simulations, so a comparison runs them on several
 //! threads; each run is deterministic in its seed, so the comparison is too.
 
+pub mod breakdown;
 pub mod plot;
 pub mod report;
 pub mod run;

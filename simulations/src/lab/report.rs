@@ -9,6 +9,7 @@ use crate::scenario::Scenario;
 use crate::workload::profile::{Profile, Targets};
 
 use super::Comparison;
+use super::breakdown::Phase;
 use super::timeline::CellState;
 
 /// The baselines each run is compared with: Async and Colocate for a policy
@@ -122,6 +123,7 @@ pub fn table(c: &Comparison, scenario: &Scenario) -> String {
             );
         }
     }
+    s.push_str(&breakdown_table(c));
     let _ = writeln!(s, "\nrealised workload in the cluster:");
     for r in &c.results {
         let _ = writeln!(
@@ -136,6 +138,54 @@ pub fn table(c: &Comparison, scenario: &Scenario) -> String {
             r.events
         );
     }
+    s
+}
+
+/// GPU-hours by role and phase, one row per run, as shares of the run's
+/// GPU-hours (see `lab::breakdown`).
+pub fn breakdown_table(c: &Comparison) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nGPU-hours by phase (% of the run's GPU-hours; integrated from events):"
+    );
+    let _ = write!(s, "{:<9} {:>9}", "run", "GPU-h");
+    let short = [
+        "busy", "tail", "wait-tr", "idle", "sw→tr", "sw→ro", "wu/dr", "train", "optim", "publ",
+        "tr-idle",
+    ];
+    for h in short {
+        let _ = write!(s, " {h:>7}");
+    }
+    let _ = write!(s, " {:>7}", "tail-mv");
+    let _ = writeln!(s);
+    for r in &c.results {
+        let g = &r.gpu_hours;
+        let _ = write!(s, "{:<9} {:>9.0}", r.name, g.total);
+        for p in Phase::ALL {
+            let share = if g.total > 0.0 {
+                g.get(p) / g.total
+            } else {
+                0.0
+            };
+            let _ = write!(s, " {:>6.1}%", share * 100.0);
+        }
+        let movable = if g.total > 0.0 {
+            g.waiting_last_groups_movable / g.total
+        } else {
+            0.0
+        };
+        let _ = writeln!(s, " {:>6.1}%", movable * 100.0);
+    }
+    let _ = writeln!(
+        s,
+        "(busy: occupied rollout slots; tail: free slots while the batch waits for its last \
+         groups; wait-tr: free slots while training or publication is on the critical path; \
+         idle: free slots with work queued; sw→tr / sw→ro: switching; wu/dr: pipeline warm-up, \
+         drain and group set-up; optim: gather, update, broadcast; publ: waiting on a \
+         publication; tr-idle: a training cell with nothing to compute; tail-mv: the part of tail \
+         during which the watermark rule already allowed the next cell to leave rollout)"
+    );
     s
 }
 

@@ -23,6 +23,7 @@ use crate::run::staleness;
 use crate::scenario::{RunSpec, Scenario, cluster_config};
 use crate::world::{Cluster, build};
 
+use super::breakdown::{Breakdown, GpuHours, StepPath};
 use super::timeline::{CellState, Shares, Timeline, tenths};
 
 /// How to run.
@@ -99,6 +100,11 @@ pub struct RunResult {
     pub token_weighted_staleness: f64,
     /// First step counted as steady state.
     pub steady_from: u64,
+    /// GPU-hours by role and phase, integrated from the run's events
+    /// (`lab::breakdown`); the fractions below are its shares.
+    pub gpu_hours: GpuHours,
+    /// Each step's critical path: batch complete, update, publication.
+    pub step_paths: Vec<StepPath>,
     pub gpu_rollout_fraction: f64,
     pub gpu_training_fraction: f64,
     pub gpu_switching_fraction: f64,
@@ -171,6 +177,17 @@ pub fn run(
         run: name.clone(),
         error: e.to_string(),
     })?;
+    let breakdown = Rc::new(RefCell::new(Breakdown::new(
+        run.cells,
+        run.nodes_per_cell,
+        run.cell_capacity,
+        Some((run.pool_nodes, run.pool_capacity)),
+        scenario.cluster.gpus_per_node,
+        opts.steps,
+    )));
+    cluster
+        .sim
+        .set_invariant(Breakdown::hook(Rc::clone(&breakdown), &cluster));
     if opts.check {
         let checker = Rc::new(RefCell::new(Checker::new(&cluster)));
         cluster
@@ -221,7 +238,8 @@ pub fn run(
             });
         }
     }
-    result(&cluster, run, opts, timeline)
+    let breakdown = breakdown.borrow();
+    result(&cluster, run, opts, timeline, &breakdown)
 }
 
 fn broken(run: &str, message: &str) -> LabError {
@@ -297,6 +315,7 @@ fn result(
     run: &RunSpec,
     opts: &RunOptions,
     timeline: Timeline,
+    breakdown: &Breakdown,
 ) -> Result<RunResult, LabError> {
     let sim = &cluster.sim;
     let name = &run.name;
@@ -352,7 +371,13 @@ fn result(
     } else {
         st.all
     };
-    let shares = timeline.shares();
+    let gpu_hours = breakdown.gpu_hours();
+    let shares = shares_of(&gpu_hours);
+    let publications: Vec<f64> = sim
+        .actor(cluster.backends.transfer)
+        .map(|t| t.published_at().iter().map(|p| hours(*p)).collect())
+        .unwrap_or_default();
+    let step_paths = step_paths(&ends, breakdown.batch_complete_at(), &publications);
     let c = s.counters();
     let started = c.started();
     let cells: Vec<_> = peers.cells.iter().filter_map(|a| sim.actor(*a)).collect();
@@ -398,6 +423,8 @@ fn result(
         max_staleness: st.all.max,
         token_weighted_staleness: steady.token_mean(),
         steady_from,
+        gpu_hours,
+        step_paths,
         gpu_rollout_fraction: shares.rollout,
         gpu_training_fraction: shares.training,
         gpu_switching_fraction: shares.switching,
@@ -417,11 +444,53 @@ fn result(
         overall_timeout_share: overall / ended,
         mean_lifetime_tokens: hs.lifetime_tokens as f64 / ended,
         events: sim.events(),
-        publications_hours: sim
-            .actor(cluster.backends.transfer)
-            .map(|t| t.published_at().iter().map(|p| hours(*p)).collect())
-            .unwrap_or_default(),
+        publications_hours: publications,
         execution_hours,
         timeline,
     })
+}
+
+/// The role shares of a breakdown: rollout is busy slots, training the
+/// trainers' computing (warm-up and drain included), switching both
+/// directions, idle everything else.
+fn shares_of(g: &GpuHours) -> Shares {
+    if g.total <= 0.0 {
+        return Shares::default();
+    }
+    let training = g.warmup_drain + g.training + g.optimizer;
+    let switching = g.switching_to_training + g.switching_to_rollout;
+    Shares {
+        rollout: g.rollout_busy / g.total,
+        training: training / g.total,
+        switching: switching / g.total,
+        idle: (g.total - g.rollout_busy - training - switching).max(0.0) / g.total,
+    }
+}
+
+/// Each step's critical path from the update times, the times its batch
+/// became complete, and the publications (a publication belongs to the
+/// last step whose update precedes it).
+fn step_paths(ends: &[f64], complete: &[Nanos], publications: &[f64]) -> Vec<StepPath> {
+    let mut prev = 0.0;
+    ends.iter()
+        .enumerate()
+        .map(|(i, &update)| {
+            let next = ends.get(i + 1).copied().unwrap_or(f64::INFINITY);
+            let published = publications
+                .iter()
+                .copied()
+                .find(|p| *p >= update && *p <= next);
+            let path = StepPath {
+                from: prev,
+                batch_complete: complete
+                    .get(i)
+                    .map_or(update, |t| hours(*t))
+                    .clamp(prev, update),
+                update,
+                published,
+            };
+            prev = update;
+            path
+        })
+        .collect()
 }

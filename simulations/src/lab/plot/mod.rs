@@ -1,10 +1,12 @@
 //! SVG plots of a comparison, drawn with plotters:
 //! - [`timeline`]: per-cell roles over time, one panel per run, burst
 //!   boundaries marked;
+//! - [`breakdown`]: GPU-hours by role and phase, and a step's critical path;
 //! - [`steps`]: step time and cumulative speed-up per step;
 //! - [`durations`]: the execution-length histogram against the calibration
 //!   targets.
 
+pub mod breakdown;
 pub mod durations;
 pub mod steps;
 pub mod timeline;
