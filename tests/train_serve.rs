@@ -119,3 +119,14 @@ fn the_live_host_trains_through_spawned_servers_publishing_by_disk() {
     assert_eq!(left, ["v00000004"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn publication_flags_without_sglang_engines_are_refused_by_name() {
+    let out = common::gyre(&["train", "--tiny", "--publish", "disk"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--publish") && err.contains("--engines serve"),
+        "{err}"
+    );
+}

@@ -208,6 +208,15 @@ pub fn run(args: TrainArgs) -> Result<()> {
             "--engines serve / --engine-urls do not combine with --job or --gateway-listen (yet)"
         );
     }
+    if !sglang
+        && (args.publish != PublishKind::Tensor
+            || args.publish_dir.is_some()
+            || args.reject_retries > 0)
+    {
+        bail!(
+            "--publish, --publish-dir and --reject-retries apply to --engines serve / --engine-urls"
+        );
+    }
     if let Some(spec) = &args.cluster {
         let opts = cluster_options(spec, &args)?;
         let report = run_cluster_processes(&cfg, &opts, &mut progress)
@@ -254,9 +263,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
             print_gateway(&report)
         });
         return Ok(());
-    }
-    if !sglang && (args.publish != PublishKind::Tensor || args.publish_dir.is_some()) {
-        bail!("--publish and --publish-dir apply to --engines serve / --engine-urls");
     }
     if args.host == HostKind::Live && !sglang {
         let report =
