@@ -28,7 +28,9 @@ fn main() -> Result<(), String> {
     let runs = sc
         .runs(&Selection::parse("all"), Some(staleness))
         .map_err(|e| e.to_string())?;
-    let opts = RunOptions::new(steps, 1);
+    let mut opts = RunOptions::new(steps, 1);
+    // GYRE_NO_BREAKDOWN=1 times the simulator without the breakdown's hook.
+    opts.breakdown = std::env::var_os("GYRE_NO_BREAKDOWN").is_none();
     let c = lab::compare(&sc, &runs, staleness, &opts, runs.len(), &|_, _| {})
         .map_err(|e| e.to_string())?;
     for r in &c.results {
