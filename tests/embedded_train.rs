@@ -152,3 +152,51 @@ fn the_same_cluster_trains_on_the_live_host() {
     );
     assert!(r.scored > 0 && !r.reward_by_version.is_empty());
 }
+
+/// `[checkpoint] every = 2`: the core writes `core.ckpt` atomically after
+/// updates 2 and 4; the file on disk is the model the core trained (its
+/// parameters, AdamW moments and version), and a damaged copy is refused.
+#[test]
+fn the_core_writes_a_durable_checkpoint_that_loads_back() {
+    use gyre_gpu::trainer::{CheckpointError, CoreCheckpoint};
+    let dir = std::env::temp_dir().join(format!("gyre-core-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = EmbeddedConfig::from_toml(
+        &format!(
+            "[checkpoint]\nevery = 2\ndir = {:?}\n",
+            dir.display().to_string()
+        ),
+        &tiny(3, 4),
+    )
+    .unwrap();
+    cfg.sched.target_steps = 4;
+    let (cluster, r) = train(&cfg);
+    assert_eq!(r.steps, 4);
+    let core = worker_of(&cluster, cluster.backends.trainers[0]).unwrap();
+    assert_eq!(core.stats().checkpoints, 2);
+    let path = dir.join("core.ckpt");
+    let saved = CoreCheckpoint::load(&path).unwrap();
+    assert_eq!((saved.step, saved.version, saved.adam_t), (3, 4, 4));
+    let mut t = cluster.backends.trainer_handles[0].lock().unwrap();
+    // Cell 0 went back to rollout at the end: its training state is parked.
+    t.restore_memory().unwrap();
+    assert_eq!(
+        saved,
+        t.checkpoint(3).unwrap(),
+        "the file is the trained core"
+    );
+    assert!(!dir.join("core.ckpt.tmp").exists());
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = CoreCheckpoint::decode(&bytes[..bytes.len() / 2]);
+    assert!(
+        matches!(cut, Err(CheckpointError::Length { .. })),
+        "{cut:?}"
+    );
+    // Without a directory the configuration is refused by name.
+    let bad = EmbeddedConfig::from_toml("[checkpoint]\nevery = 2\n", &tiny(3, 4)).unwrap();
+    let e = gyre::embedded::run::run(&bad, &mut |_, _| {})
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("checkpoint.dir"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -107,6 +107,10 @@ pub struct TrainerCosts {
     /// Nanoseconds per KiB over the links between cells.
     #[serde(default)]
     pub collective_ns_per_kib: Nanos,
+    /// Writing one durable checkpoint of the core (weights and optimizer
+    /// state to stable storage, fsync, rename): the modelled I/O effect.
+    #[serde(default)]
+    pub checkpoint: Nanos,
 }
 
 /// What the simulated harness does with each execution.
@@ -203,6 +207,8 @@ impl Default for Costs {
                 per_micro_step: 0,
                 collective_bytes: 0,
                 collective_ns_per_kib: 0,
+                // 8 GiB of weights and 16 GiB of Adam moments at ~2 GB/s.
+                checkpoint: 12 * SECS,
             },
             workload: Workload {
                 calls: Span::new(1, 4),

@@ -607,6 +607,13 @@ fn print_report(cfg: &EmbeddedConfig, r: &TrainReport) {
         r.trained_targets,
         r.micro_steps_by_cell
     );
+    if r.checkpoints > 0 {
+        println!(
+            "checkpoints: {} durable core checkpoints, {:.1} MiB written",
+            r.checkpoints,
+            r.checkpoint_bytes as f64 / 1048576.0
+        );
+    }
     println!(
         "run: seed {}, {} steps, {} events, trace hash {:016x}, {:.1} s virtual, {:.1} s wall",
         r.seed, r.steps, r.events, r.trace_hash, r.virtual_secs, r.wall_secs

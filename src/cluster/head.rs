@@ -455,7 +455,7 @@ async fn drive(
         kv_bytes_per_token: factory.kv_bytes_per_token(),
         blobs: factory.blobs(),
     };
-    live.spawn(Scheduler::new(cfg.sched.clone(), ports)?);
+    live.spawn(Scheduler::new(cfg.sched_config(), ports)?);
     tracing::info!(nodes = head.specs.len(), "cluster assembled; training");
 
     let target = cfg.sched.target_steps;

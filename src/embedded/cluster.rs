@@ -57,6 +57,8 @@ pub struct VirtualCosts {
     /// One whole model call on an SGLang engine (`gyre train --engines`):
     /// the adapter sees a call's answer, not its decode steps.
     pub sglang_call_us: u64,
+    /// Writing the core's durable checkpoint (with `[checkpoint] every`).
+    pub checkpoint_us: u64,
 }
 
 impl Default for VirtualCosts {
@@ -73,6 +75,7 @@ impl Default for VirtualCosts {
             memory_us: 3_000,
             transfer_us: 2_000,
             sglang_call_us: 20_000,
+            checkpoint_us: 50_000,
         }
     }
 }
@@ -94,6 +97,7 @@ impl VirtualCosts {
             ("trainer.drain", self.drain_us),
             ("trainer.reduce", self.reduce_us),
             ("trainer.update", self.update_us),
+            ("trainer.checkpoint", self.checkpoint_us),
             ("memory.release", self.memory_us),
             ("memory.restore", self.memory_us),
             ("transfer.read", self.transfer_us),
@@ -126,6 +130,24 @@ pub struct EmbeddedConfig {
     pub costs: VirtualCosts,
     /// Liveness bound on simulator events.
     pub max_events: u64,
+    /// Durable checkpoints of the core (off by default).
+    pub checkpoint: CheckpointConfig,
+}
+
+/// `[checkpoint]`: the core writes `<dir>/core.ckpt` after every `every`-th
+/// update (0: never), atomically.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointConfig {
+    pub every: u64,
+    pub dir: String,
+}
+
+impl CheckpointConfig {
+    /// The file the core writes, when checkpoints are on.
+    pub fn path(&self) -> Option<std::path::PathBuf> {
+        (self.every > 0).then(|| std::path::Path::new(&self.dir).join("core.ckpt"))
+    }
 }
 
 impl Default for EmbeddedConfig {
@@ -168,6 +190,7 @@ impl Default for EmbeddedConfig {
             engine_batch: 0,
             costs: VirtualCosts::default(),
             max_events: 50_000_000,
+            checkpoint: CheckpointConfig::default(),
         }
     }
 }
@@ -186,6 +209,15 @@ impl EmbeddedConfig {
         c.sched.micro_tokens = 512;
         c.optim.lr = 2e-2;
         c
+    }
+
+    /// The scheduling configuration with `[checkpoint] every` applied.
+    pub fn sched_config(&self) -> SchedConfig {
+        let mut s = self.sched.clone();
+        if self.checkpoint.every > 0 {
+            s.checkpoint_every = Some(self.checkpoint.every);
+        }
+        s
     }
 
     /// The same cluster, trained for `steps` steps.
@@ -217,6 +249,8 @@ pub enum BuildError {
     NotInProcess,
     #[error("harness: {0}")]
     Harness(String),
+    #[error("checkpoints: {0}")]
+    Checkpoint(String),
 }
 
 macro_rules! build_error_from {
@@ -408,6 +442,11 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
         }
         cfg.sched.validate()?;
         cfg.model.validate()?;
+        if cfg.checkpoint.every > 0 && cfg.checkpoint.dir.is_empty() {
+            return Err(BuildError::Checkpoint(
+                "checkpoint.every is set but checkpoint.dir is empty".into(),
+            ));
+        }
         let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
         Ok(Self {
             cfg: cfg.clone(),
@@ -490,8 +529,14 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
         // Every cell starts in rollout: its training memory is parked on
         // the host until a switch restores it.
         lock(&th).release_memory()?;
+        let checkpoint = if c == 0 {
+            self.cfg.checkpoint.path()
+        } else {
+            None
+        };
         let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective)
-            .with_observer(self.observer);
+            .with_observer(self.observer)
+            .with_checkpoint(checkpoint);
         let memory = match engine {
             Some(eh) => MemoryWorker::new(eh, th.clone()),
             None => MemoryWorker::training_only(th.clone()),
@@ -610,7 +655,7 @@ where
         >,
 {
     let plan = ClusterPlan::for_config(&cfg.sched);
-    let (sched, b) = place(&plan, &cfg.sched, host, factory)?;
+    let (sched, b) = place(&plan, &cfg.sched_config(), host, factory)?;
     let e = inner(factory);
     let backends = EmbeddedAddrs {
         engines: b.engines,

@@ -101,6 +101,9 @@ pub struct TrainReport {
     pub micro_steps_by_cell: Vec<u64>,
     pub failed_micro_steps: u64,
     pub backend_errors: u64,
+    /// Durable checkpoints the core wrote (`[checkpoint] every`), and bytes.
+    pub checkpoints: u64,
+    pub checkpoint_bytes: u64,
     pub task: TaskSummary,
     /// Payloads still held at the end (records of executions that never
     /// trained, cancelled calls' prompts): bounded, not growing per step.
@@ -300,6 +303,8 @@ fn report<E: EngineBackend>(
         backend_errors: trainers.iter().map(|t| t.stats().errors).sum::<u64>()
             + memories.iter().map(|m| m.refusals).sum::<u64>()
             + transfer.map_or(0, |t| t.missing),
+        checkpoints: trainers.iter().map(|t| t.stats().checkpoints).sum(),
+        checkpoint_bytes: trainers.iter().map(|t| t.stats().checkpoint_bytes).sum(),
         task: TaskSummary::from(&task),
         blobs_left: gyre_runtime::BlobStore::live(c.blobs.as_ref()),
     })

@@ -14,6 +14,9 @@
 //! - `Reduce` (core): sum the gradients of the prefix's cells; the
 //!   coefficients already divide by B·N, so the sum is the batch gradient.
 //! - `Update` (core): clip and one AdamW step, then publish the new version.
+//! - `Checkpoint` (core): write weights, AdamW state, step and version to
+//!   `<dir>/core.ckpt` atomically (see [`gyre_gpu::trainer::checkpoint`]);
+//!   answered once the file is durable.
 //!
 //! The sequence ratio s_i only decides the clip mask; it is computed over
 //! the targets of the execution inside each micro-step, which is exact
@@ -21,6 +24,7 @@
 //! whole, and the embedded task's executions are a few short rows).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use gyre_actors::sched::ids::{MicroStepId, Step};
@@ -72,6 +76,9 @@ pub enum Finished {
     },
     Updated(UpdateSummary),
     Broadcasted,
+    Checkpointed {
+        bytes: u64,
+    },
 }
 
 /// One optimizer update, for reports.
@@ -116,6 +123,9 @@ pub struct TrainerStats {
     /// and never warms up, so it contributes zero.
     pub idle_members: u64,
     pub errors: u64,
+    /// Durable checkpoints written, and their bytes.
+    pub checkpoints: u64,
+    pub checkpoint_bytes: u64,
     pub updates: Vec<UpdateSummary>,
     /// Micro-steps by the parameters' version they were computed under.
     pub by_version: BTreeMap<u64, ComputedAt>,
@@ -144,6 +154,8 @@ pub struct TrainerWorker {
     stats: TrainerStats,
     /// Hears every optimizer update this worker makes (a user's monitor).
     observer: Option<Recipient<UpdateSummary>>,
+    /// Where the core writes its durable checkpoint.
+    checkpoint: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for TrainerWorker {
@@ -172,7 +184,15 @@ impl TrainerWorker {
             jobs: Serial::default(),
             stats: TrainerStats::default(),
             observer: None,
+            checkpoint: None,
         }
+    }
+
+    /// The core writes its checkpoints to `path` (`None`: a checkpoint
+    /// request fails, and is logged as an error).
+    pub fn with_checkpoint(mut self, path: Option<PathBuf>) -> Self {
+        self.checkpoint = path;
+        self
     }
 
     /// Reports each update to `observer` as it is published, so an
@@ -227,6 +247,10 @@ impl TrainerWorker {
                     weights.broadcast(members).map(|_| Finished::Broadcasted)
                 });
                 cx.io(job, done)
+            }
+            TrainerReq::Checkpoint { step, .. } => {
+                let step = *step;
+                cx.io(self.write_checkpoint(step), done)
             }
         }
         self.jobs.begin(req);
@@ -327,6 +351,17 @@ impl TrainerWorker {
         })
     }
 
+    fn write_checkpoint(&self, step: Step) -> Work<Finished> {
+        let trainer = self.trainer.clone();
+        let path = self.checkpoint.clone();
+        Work::new("trainer.checkpoint", move || {
+            let path = path.ok_or("no checkpoint path configured ([checkpoint] dir)")?;
+            let c = lock(&trainer).checkpoint(step).map_err(|e| e.to_string())?;
+            let bytes = c.save(&path).map_err(|e| e.to_string())?;
+            Ok(Finished::Checkpointed { bytes })
+        })
+    }
+
     /// Answers the request that just finished, whatever its outcome: the
     /// trainer protocol has no failure replies, and a step must complete
     /// (a failed micro-step trains nothing; it is counted and logged).
@@ -395,6 +430,22 @@ impl TrainerWorker {
             TrainerReq::Broadcast { step, reply_to, .. } => {
                 cx.send(reply_to, TrainerEvent::Broadcasted { step });
             }
+            TrainerReq::Checkpoint {
+                step,
+                version,
+                reply_to,
+            } => {
+                let durable = match ok {
+                    Some(Finished::Checkpointed { bytes }) => {
+                        self.stats.checkpoints += 1;
+                        self.stats.checkpoint_bytes += bytes;
+                        tracing::info!(step, version, bytes, "checkpoint durable");
+                        true
+                    }
+                    _ => false,
+                };
+                cx.send(reply_to, TrainerEvent::Checkpointed { version, durable });
+            }
             TrainerReq::BuildGroups { .. } => {}
         }
     }
@@ -435,6 +486,7 @@ fn op_name(r: &TrainerReq) -> &'static str {
         TrainerReq::Reduce { .. } => "reduce",
         TrainerReq::Update { .. } => "update",
         TrainerReq::Broadcast { .. } => "broadcast",
+        TrainerReq::Checkpoint { .. } => "checkpoint",
     }
 }
 

@@ -99,6 +99,12 @@ pub struct SchedConfig {
     /// was; fault-injected runs set it.
     #[serde(default)]
     pub retry: Option<Nanos>,
+    /// S: the core writes a durable checkpoint (weights, optimizer state,
+    /// step, version) after every S-th update, which a new core resumes
+    /// from. `None` (the default) writes none: no checkpoint effect, the
+    /// schedule as before.
+    #[serde(default)]
+    pub checkpoint_every: Option<u64>,
 }
 
 impl Default for SchedConfig {
@@ -124,6 +130,7 @@ impl Default for SchedConfig {
             eval_retry: SECS,
             samples: SampleMode::Counted,
             retry: None,
+            checkpoint_every: None,
         }
     }
 }

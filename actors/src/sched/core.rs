@@ -11,6 +11,13 @@
 //! after the last one it publishes to the rollout engines and waits for the
 //! scheduler's burst-end decision (stay, or leave and return to rollout).
 //!
+//! With `checkpoint_every = Some(S)`, every update that makes the version a
+//! multiple of S is followed by a durable checkpoint of the core's state
+//! (`TrainerReq::Checkpoint`, written by the trainer backend); the step
+//! goes on once it is acknowledged, so a checkpoint the core has counted is
+//! on stable storage. `None` (the default) writes none and keeps the
+//! schedule as it was.
+//!
 //! It also keeps the record the invariants and the staleness report read:
 //! one entry per update, with the groups it trained and their versions.
 
@@ -37,6 +44,8 @@ pub struct CoreConfig {
     pub streaming: bool,
     /// Satellites stay across publications (Async's fixed partition).
     pub keep_satellites: bool,
+    /// S: a durable checkpoint after every S-th update (`None`: never).
+    pub checkpoint_every: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +65,8 @@ pub enum CorePhase {
     Publishing,
     /// Published; waiting for the scheduler's burst-end decision.
     AwaitDecision,
+    /// Updated; waiting for the checkpoint of the new version to be durable.
+    Checkpointing,
 }
 
 #[derive(Debug, Clone)]
@@ -78,6 +89,10 @@ pub struct CoreLog {
     pub late_joins: u64,
     /// Membership of every batch, which must be a prefix.
     pub memberships: Vec<Vec<u32>>,
+    /// Durable checkpoints acknowledged, as (step, version), in order.
+    pub checkpoints: Vec<(Step, Version)>,
+    /// Checkpoint writes that failed (the trainer reported no durable file).
+    pub failed_checkpoints: u64,
 }
 
 #[derive(Debug)]
@@ -274,6 +289,33 @@ impl Core {
             groups,
             micro_steps,
         });
+        let due = self
+            .cfg
+            .checkpoint_every
+            .is_some_and(|every| every > 0 && self.version % every == 0);
+        if due {
+            self.phase = CorePhase::Checkpointing;
+            let reply_to = cx.recipient();
+            self.outbox.send(
+                cx,
+                Resend::Trainer(
+                    self.links.trainer,
+                    TrainerReq::Checkpoint {
+                        step,
+                        version: self.version,
+                        reply_to,
+                    },
+                ),
+            );
+            return;
+        }
+        self.proceed(cx);
+    }
+
+    /// After the update (and its checkpoint, if one was due): broadcast to
+    /// the satellites, start the next step, or publish.
+    fn proceed(&mut self, cx: &mut Cx<'_, Self>) {
+        let step = self.step;
         let last = step + 1 >= self.cfg.target_steps;
         let final_of_burst = (step + 1) % u64::from(self.cfg.mu) == 0 || last;
         if final_of_burst {
@@ -481,6 +523,20 @@ impl Actor for Core {
             CoreMsg::Trainer(TrainerEvent::Broadcasted { step }) => {
                 if self.phase == CorePhase::Broadcasting && step == self.step {
                     self.after_update(cx);
+                }
+            }
+            CoreMsg::Trainer(TrainerEvent::Checkpointed { version, durable }) => {
+                if self.phase == CorePhase::Checkpointing && version == self.version {
+                    let step = self.step;
+                    if durable {
+                        self.log.checkpoints.push((step, version));
+                    } else {
+                        // Training goes on; a new core would resume from
+                        // the checkpoint before this one.
+                        tracing::warn!(step, version, "checkpoint not written");
+                        self.log.failed_checkpoints += 1;
+                    }
+                    self.proceed(cx);
                 }
             }
             CoreMsg::Trainer(_) => {}

@@ -54,6 +54,7 @@ pub enum ReqKey {
     Publish(Version),
     Serve(CallId, u32),
     Score(ExecId, u32),
+    Checkpoint(Version),
 }
 
 impl ReqKey {
@@ -91,6 +92,7 @@ impl ReqKey {
             TrainerReq::Reduce { step, .. } => ReqKey::Reduce(*step),
             TrainerReq::Update { step, .. } => ReqKey::Update(*step),
             TrainerReq::Broadcast { step, .. } => ReqKey::Broadcast(*step),
+            TrainerReq::Checkpoint { version, .. } => ReqKey::Checkpoint(*version),
         }
     }
 
@@ -201,6 +203,7 @@ impl Answer for TrainerEvent {
             TrainerEvent::Reduced { step, .. } => ReqKey::Reduce(*step),
             TrainerEvent::Updated { step } => ReqKey::Update(*step),
             TrainerEvent::Broadcasted { step } => ReqKey::Broadcast(*step),
+            TrainerEvent::Checkpointed { version, .. } => ReqKey::Checkpoint(*version),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! Weights stay fixed while gradients accumulate, which is what makes a
 //! satellite's snapshot consistent and the sequence-ratio sums additive.
 
+pub mod checkpoint;
 pub mod data;
 pub mod grads;
 pub mod objective;
@@ -16,6 +17,7 @@ pub mod optim;
 
 use candle_core::{Device, Tensor, Var};
 
+pub use checkpoint::{CheckpointError, CoreCheckpoint};
 pub use data::{MicroStep, RowChunk, Target, TrainRow};
 pub use grads::GradBuffer;
 pub use objective::{Loss, ObjectiveConfig, SeqStats};
@@ -41,6 +43,8 @@ pub enum TrainerError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
 }
 
 impl From<candle_core::Error> for TrainerError {
@@ -395,6 +399,42 @@ impl Trainer {
             micro_steps: reduced.micro_steps,
             targets: reduced.targets,
         })
+    }
+
+    /// The core's state after the update of `step`, for a durable
+    /// checkpoint (see [`checkpoint`]).
+    pub fn checkpoint(&mut self, step: u64) -> Result<CoreCheckpoint, TrainerError> {
+        let (_, adam_t) = self.optim.ok_or(TrainerError::NotCore)?;
+        Ok(CoreCheckpoint {
+            fingerprint: self.layout.fingerprint,
+            step,
+            version: self.version,
+            adam_t,
+            params: self.memory.read_all(Tag::TrainParams)?,
+            moments: self.memory.read_all(Tag::OptimizerState)?,
+        })
+    }
+
+    /// A new core continues from `c`: its parameters, moments, Adam step
+    /// and version; whatever was accumulated is dropped.
+    pub fn restore(&mut self, c: &CoreCheckpoint) -> Result<(), TrainerError> {
+        let (cfg, _) = self.optim.ok_or(TrainerError::NotCore)?;
+        c.check_model(self.layout.fingerprint)?;
+        let n = self.layout.total;
+        if c.params.len() != n || c.moments.len() != 2 * n {
+            return Err(TrainerError::BadInput(format!(
+                "checkpoint holds {} parameters and {} moments, the model has {n} and {}",
+                c.params.len(),
+                c.moments.len(),
+                2 * n
+            )));
+        }
+        self.memory.write(Tag::TrainParams, 0, &c.params)?;
+        self.memory.write(Tag::OptimizerState, 0, &c.moments)?;
+        self.optim = Some((cfg, c.adam_t));
+        self.version = c.version;
+        self.vars = None;
+        self.zero_grads()
     }
 
     /// Releases the training role's memory (parameters and optimizer state

@@ -27,6 +27,8 @@ pub struct TrainerStats {
     pub tokens: u64,
     pub drains: u64,
     pub updates: u64,
+    /// Durable checkpoints written.
+    pub checkpoints: u64,
     /// Time spent on operations.
     pub busy: Nanos,
 }
@@ -141,6 +143,7 @@ impl SimTrainer {
                 let to_send = if *members > 1 { c.collective_bytes } else { 0 };
                 c.broadcast + self.link_time(to_send as f64) as Nanos
             }
+            TrainerReq::Checkpoint { .. } => c.checkpoint,
         };
         (base as f64 * self.slowdown) as Nanos
     }
@@ -167,7 +170,8 @@ fn reply_to(req: &TrainerReq) -> gyre_runtime::ActorId {
         | TrainerReq::BuildGroups { reply_to, .. }
         | TrainerReq::Reduce { reply_to, .. }
         | TrainerReq::Update { reply_to, .. }
-        | TrainerReq::Broadcast { reply_to, .. } => reply_to.id(),
+        | TrainerReq::Broadcast { reply_to, .. }
+        | TrainerReq::Checkpoint { reply_to, .. } => reply_to.id(),
     }
 }
 
@@ -263,6 +267,20 @@ impl Actor for SimTrainer {
             }
             TrainerReq::Broadcast { step, reply_to, .. } => {
                 self.reply(key, reply_to, TrainerEvent::Broadcasted { step }, cx);
+            }
+            TrainerReq::Checkpoint {
+                version, reply_to, ..
+            } => {
+                self.stats.checkpoints += 1;
+                self.reply(
+                    key,
+                    reply_to,
+                    TrainerEvent::Checkpointed {
+                        version,
+                        durable: true,
+                    },
+                    cx,
+                );
             }
         }
         self.next(cx);

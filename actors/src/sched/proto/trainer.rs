@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::ids::{MicroStepId, Step};
+use crate::sched::ids::{MicroStepId, Step, Version};
 use gyre_runtime::{BlobId, Recipient};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,15 +51,43 @@ pub enum TrainerReq {
         group: Option<u32>,
         reply_to: Recipient<TrainerEvent>,
     },
+    /// Write the core's state after the update of `step` (weights, optimizer
+    /// state, step, `version`) as a durable checkpoint.
+    Checkpoint {
+        step: Step,
+        version: Version,
+        reply_to: Recipient<TrainerEvent>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum TrainerEvent {
-    Warm { step: Step },
-    Computed { mstep: MicroStepId },
-    Drained { step: Step },
-    GroupsBuilt { groups: u32 },
-    Reduced { step: Step, grad_norm: f64 },
-    Updated { step: Step },
-    Broadcasted { step: Step },
+    Warm {
+        step: Step,
+    },
+    Computed {
+        mstep: MicroStepId,
+    },
+    Drained {
+        step: Step,
+    },
+    GroupsBuilt {
+        groups: u32,
+    },
+    Reduced {
+        step: Step,
+        grad_norm: f64,
+    },
+    Updated {
+        step: Step,
+    },
+    Broadcasted {
+        step: Step,
+    },
+    /// The checkpoint of `version` is on stable storage (`durable`), or its
+    /// write failed and the last durable checkpoint is still the one before.
+    Checkpointed {
+        version: Version,
+        durable: bool,
+    },
 }

@@ -299,6 +299,7 @@ impl Scheduler {
                     target_steps: cfg.target_steps,
                     streaming: cfg.streaming,
                     keep_satellites: matches!(cfg.policy, Policy::Async { .. }),
+                    checkpoint_every: cfg.checkpoint_every,
                 },
                 CoreLinks {
                     sched: me,
