@@ -43,6 +43,8 @@ pub enum TrainerOp {
     Reduce,
     Update,
     Broadcast,
+    /// Writing a durable checkpoint (the core, every S steps).
+    Checkpoint,
 }
 
 #[derive(Debug)]
@@ -111,6 +113,7 @@ impl SimTrainer {
             TrainerReq::Reduce { .. } => TrainerOp::Reduce,
             TrainerReq::Update { .. } => TrainerOp::Update,
             TrainerReq::Broadcast { .. } => TrainerOp::Broadcast,
+            TrainerReq::Checkpoint { .. } => TrainerOp::Checkpoint,
         })
     }
 

@@ -326,9 +326,12 @@ impl Breakdown {
                                 Phase::WarmupDrain
                             }
                             Some(TrainerOp::FwdBwd) => Phase::Training,
-                            Some(TrainerOp::Reduce | TrainerOp::Update | TrainerOp::Broadcast) => {
-                                Phase::Optimizer
-                            }
+                            Some(
+                                TrainerOp::Reduce
+                                | TrainerOp::Update
+                                | TrainerOp::Broadcast
+                                | TrainerOp::Checkpoint,
+                            ) => Phase::Optimizer,
                             None if publishing => Phase::Publication,
                             None => Phase::TrainingIdle,
                         }
