@@ -3,7 +3,8 @@
 //! workspace is still scored; exit 127 is a complete failure; evaluator
 //! crashes are retried, never zeros; 256 concurrent harness processes each
 //! make two HTTP calls and leave no process, descriptor or directory
-//! behind; the bwrap sandbox hides hidden/ and keeps the rest read-only.
+//! behind; the bwrap sandbox hides hidden/ and keeps the rest read-only,
+//! and with `network = "gateway"` reaches the gateway and no other port.
 
 mod gateway;
 
@@ -90,7 +91,10 @@ struct Setup {
 }
 
 fn setup(g: &Gateway, job: &JobFile, path: &Path) -> Setup {
-    let cfg = RunnerConfig::from_job(job, path);
+    let mut cfg = RunnerConfig::from_job(job, path);
+    // The sandbox's forwarder (`network = "gateway"`) is gyre's own
+    // hidden command, not this test binary's.
+    cfg.forwarder = PathBuf::from(env!("CARGO_BIN_EXE_gyre"));
     let access: Arc<dyn GatewayAccess> = Arc::new(AdminHttp::new(
         &format!("http://{}", g.admin),
         &format!("http://{}", g.api),
@@ -472,6 +476,70 @@ fn bwrap_keeps_hidden_away_and_the_rest_read_only() {
         Some(1.0),
         "the evaluator sees hidden/: {:?}",
         eval.attempts
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bwrap_with_the_gateway_network_reaches_the_gateway_and_nothing_else() {
+    let test = "bwrap_with_the_gateway_network_reaches_the_gateway_and_nothing_else";
+    if let Err(why) = gyre::harness::sandbox::bwrap_works(gyre::harness::job::NetworkMode::Gateway)
+    {
+        eprintln!("\n*** SKIPPED {test}: {why} ***\n");
+        return;
+    }
+    let dir = temp("bwgw");
+    let g = script_gateway(&dir);
+    // A port of the host the harness must not reach, besides the
+    // gateway's own admin listener.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let harness = sh(
+        &dir.join("net.sh"),
+        &format!(
+            "echo \"base $OPENAI_BASE_URL\"\n\
+             curl -sf -m 10 -H \"authorization: Bearer $OPENAI_API_KEY\" -H 'content-type: application/json' \\\n\
+               -d '{{\"model\":\"m\",\"messages\":[{{\"role\":\"user\",\"content\":\"one\"}}]}}' \\\n\
+               \"$OPENAI_BASE_URL/chat/completions\" | grep -q 'first answer' && echo gateway-answered\n\
+             curl -s -m 2 -o /dev/null http://{other}/ && echo other-reachable\n\
+             curl -s -m 2 -o /dev/null http://{admin}/admin/executions && echo admin-reachable\n\
+             exit 0",
+            other = other.local_addr().unwrap(),
+            admin = g.admin,
+        ),
+    );
+    let (job, path) = make_job(
+        &dir,
+        &[&harness],
+        &["true"],
+        "60s",
+        "sandbox = \"bwrap\"\n[sandbox]\nnetwork = \"gateway\"\n",
+    );
+    let s = setup(&g, &job, &path);
+    let run = rt().block_on(s.runner.run(s.request("gw"), CancellationToken::new()));
+    let out = std::fs::read_to_string(&run.stdout).unwrap();
+    let err = std::fs::read_to_string(&run.stderr).unwrap();
+    assert_eq!(run.outcome, RunOutcome::Completed, "{out}\n{err}");
+    let port = g.api.rsplit(':').next().unwrap();
+    assert_eq!(
+        out,
+        format!("base http://127.0.0.1:{port}/v1\ngateway-answered\n"),
+        "stderr: {err}"
+    );
+    // The call went through and was recorded against this execution.
+    let id = run.execution.clone().unwrap();
+    let (_, body) = admin(&g, "GET", "/admin/executions");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let ours = list["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["execution"] == json!(id))
+        .cloned()
+        .unwrap();
+    assert_eq!(ours["calls"], json!(1), "{ours}");
+    assert!(
+        !run.dirs.unwrap().root.join("gateway.sock").exists(),
+        "the bridge's socket goes with the run"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -81,6 +81,10 @@ fn bad_job_files_and_task_folders_are_refused_by_name() {
             "field `train.embedded`: unknown field `sched.cels`",
         ),
         (
+            format!("{GOOD}\n[sandbox]\nnetwork = \"gateway\"\n"),
+            "field `sandbox.network`: `gateway` needs run.sandbox = \"bwrap\"",
+        ),
+        (
             GOOD.replace("dir = \"tasks\"", "dir = \"missing\""),
             "missing",
         ),

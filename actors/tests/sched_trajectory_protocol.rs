@@ -431,3 +431,67 @@ fn the_same_seed_gives_the_same_micro_steps() {
     assert_eq!(a.groups, b.groups);
     assert_ne!(a.rows, b.rows);
 }
+
+/// SPEC 3.3: a backend that names the state it evaluated (a workspace's
+/// content hash and branch) has its score bound to that state: the first
+/// name given becomes the execution's designated state, a retry on the same
+/// state binds there too, and a name for another attempt is ignored.
+#[test]
+fn a_score_is_bound_to_the_state_its_backend_named() {
+    use gyre_actors::sched::proto::evaluator::EvalState;
+    use gyre_actors::trajectory::scoring::ArtifactRef;
+    let mut r = Rig::new(3);
+    for exec in 0..N {
+        r.record_all(exec);
+        r.evaluate(exec, ExecStatus::Completed, HOUR);
+    }
+    r.asked();
+    let state = |exec: u64, attempt: u32, digest: &str| {
+        EvaluatorMsg::State(EvalState {
+            exec: ExecId(exec),
+            attempt,
+            artifact: ArtifactRef {
+                version: 0,
+                branch: "ref: refs/heads/main".into(),
+                digest: digest.into(),
+            },
+        })
+    };
+    let (a, b) = ("a".repeat(64), "b".repeat(64));
+    // Execution 0: named, then scored.
+    r.sim.inject(TESTER, r.evaluator, state(0, 0, &a));
+    r.answer(0, 0, Some(0.25));
+    // Execution 1: its first attempt fails; a name sent for an attempt it
+    // is not on is ignored; the retry names its state and scores.
+    r.answer(1, 0, None);
+    assert_eq!(r.asked(), vec![(1, 1)]);
+    r.sim.inject(TESTER, r.evaluator, state(1, 0, &a));
+    r.sim.inject(TESTER, r.evaluator, state(1, 1, &b));
+    r.answer(1, 1, Some(1.0));
+    // The others score without naming a state (the simulator's backends).
+    for exec in 2..N {
+        r.answer(exec, 0, Some(0.5));
+    }
+    r.sim.run().unwrap();
+    // Every score was valid: the group is whole and went to training.
+    assert_eq!(r.buffer().state_of(GroupId(0)), Some(GroupState::Taken));
+    let ev = r.sim.actor(r.evaluator).unwrap();
+    let bound: Vec<(String, String, f32)> = ev
+        .bindings()
+        .iter()
+        .map(|x| (x.execution.clone(), x.artifact.digest.clone(), x.score))
+        .collect();
+    assert_eq!(
+        bound,
+        vec![
+            (format!("{:?}", ExecId(0)), a.clone(), 0.25),
+            (format!("{:?}", ExecId(1)), b.clone(), 1.0),
+        ]
+    );
+    assert!(
+        ev.bindings()
+            .iter()
+            .all(|x| x.artifact.branch == "ref: refs/heads/main")
+    );
+    assert_eq!(ev.stats().scored, N);
+}

@@ -74,6 +74,18 @@ impl<M: Message> Recipient<M> {
         self.id
     }
 
+    /// The same actor, addressed with another message type `N` (one its
+    /// accepts! table lists, or its own): for a backend that answers an
+    /// asker with a second kind of message. Sent tagged, so the receiver's
+    /// host converts it, or drops it as mistyped if it accepts no `N`.
+    pub fn same_actor<N: Message>(&self) -> Recipient<N> {
+        Recipient {
+            id: self.id,
+            direct: false,
+            _msg: PhantomData,
+        }
+    }
+
     /// `msg` ready for the host: plain when the receiver's type is `M`,
     /// tagged for conversion at the receiver otherwise.
     pub(crate) fn wrap(&self, msg: M) -> BoxMsg {

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod gateway;
 pub mod logging;
 pub mod node;
+pub mod sandbox_forward;
 pub mod serve;
 pub mod simulate;
 pub mod trace;
@@ -61,6 +62,10 @@ pub enum Command {
     /// A node agent of a multi-process cluster (`gyre train --cluster`
     /// starts these itself).
     Node(node::NodeArgs),
+    /// The first process of a bwrap sandbox whose network is only the
+    /// gateway (the harness runner starts it).
+    #[command(hide = true)]
+    SandboxForward(sandbox_forward::SandboxForwardArgs),
 }
 
 /// Runs one parsed command line.
@@ -82,5 +87,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Node(args) => node::run(args),
+        Command::SandboxForward(args) => sandbox_forward::run(args),
     }
 }

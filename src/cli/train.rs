@@ -406,6 +406,7 @@ fn run_gateway(
         dir: args.run_dir.clone(),
         store: args.gateway_store.clone(),
         stall: LIVE_STALL,
+        max_tokens: None,
     };
     let mut started = |addr: &str| tracing::info!("gyre train: gateway {addr}");
     run_with_gateway(cfg, opts, progress, &mut started)
@@ -450,6 +451,7 @@ fn run_job(
         dir: Some(plan.runner.work_root.clone()),
         store,
         stall: LIVE_STALL,
+        max_tokens: plan.job.model.max_tokens,
     };
     let mut started = |addr: &str| tracing::info!("gyre train --job: gateway {addr}");
     let report = run_with_gateway(&plan.cfg, opts, progress, &mut started)

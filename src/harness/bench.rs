@@ -87,6 +87,7 @@ fn runner(dir: &Path, command: Vec<String>, sandbox: SandboxKind, slots: usize) 
             work_root: dir.join("work"),
             job_dir: dir.to_path_buf(),
             concurrency: slots,
+            forwarder: PathBuf::from("gyre"),
         },
         None,
     )

@@ -238,6 +238,7 @@ impl EvaluatorRunner {
             &Extra {
                 read_only: vec![hidden.as_path(), target.task.dir.as_path()],
                 workspace_read_only: true,
+                forward: None,
             },
         );
         let logs = self.cfg.log_dir.join(&target.label);

@@ -135,6 +135,10 @@ pub enum NetworkMode {
     /// unreachable, so only for harnesses that do not call a model and for
     /// evaluators.
     None,
+    /// A private network namespace whose one way out is the gateway: a
+    /// forwarder inside listens on loopback and relays over a Unix socket
+    /// to the gateway's address (src/harness/forward.rs). bwrap only.
+    Gateway,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -234,12 +238,19 @@ pub struct ModelSection {
     /// `embedded`: the gpu crate's policy, served and trained by the cells.
     #[serde(default = "default_engine")]
     pub engine: String,
+    /// The most tokens one call generates, whatever the client asks
+    /// (Claude Code asks 64,000): a call that reaches this cap of the
+    /// policy's own ends its turn. Absent: the client's `max_tokens`,
+    /// bounded by the context.
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
             engine: default_engine(),
+            max_tokens: None,
         }
     }
 }
@@ -416,6 +427,12 @@ impl JobFile {
             return Err(bad(
                 "model.engine",
                 "must be `embedded` (the model's size: [train.embedded.model])",
+            ));
+        }
+        if self.sandbox.network == NetworkMode::Gateway && self.run.sandbox != SandboxKind::Bwrap {
+            return Err(bad(
+                "sandbox.network",
+                "`gateway` needs run.sandbox = \"bwrap\" (its network namespace)",
             ));
         }
         if self.run.listen.parse::<std::net::SocketAddr>().is_err() {

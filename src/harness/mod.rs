@@ -8,7 +8,8 @@
 //! - [`workspace`]: per-execution folders and the content hash.
 //! - [`process`]: a child in its own session and group, rlimits, logs,
 //!   timeouts that kill the whole group, nothing left behind.
-//! - [`sandbox`]: none, bwrap, or a user's container prefix.
+//! - [`sandbox`]: none, bwrap, or a user's container prefix; [`forward`]:
+//!   a bwrap sandbox's only way out, to the gateway.
 //! - [`access`]: opening and closing executions at the gateway.
 //! - [`runner`]: one harness execution end to end; [`evaluator`]: one
 //!   evaluator attempt, the verdict and its binding.
@@ -22,6 +23,7 @@ pub mod access;
 pub mod bench;
 pub mod duration;
 pub mod evaluator;
+pub mod forward;
 pub mod job;
 pub mod launcher;
 pub mod placeholders;

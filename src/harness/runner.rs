@@ -26,10 +26,12 @@ use tokio_util::sync::CancellationToken;
 use gyre_actors::sched::proto::harness::HarnessOutcome;
 
 use super::access::{Credentials, GatewayAccess};
+use super::forward::{GatewayBridge, gateway_addr};
+use super::job::NetworkMode;
 use super::job::{JobFile, Limits, SandboxKind};
 use super::placeholders::substitute;
 use super::process::{self, ProcessEnd, ProcessSpec};
-use super::sandbox::{Extra, SandboxPlan};
+use super::sandbox::{Extra, Forward, SandboxPlan};
 use super::tasks::Task;
 use super::workspace::ExecDirs;
 
@@ -52,6 +54,9 @@ pub struct RunnerConfig {
     pub work_root: PathBuf,
     pub job_dir: PathBuf,
     pub concurrency: usize,
+    /// The `gyre` binary started as a bwrap sandbox's first process with
+    /// `sandbox.network = "gateway"` (default: this program).
+    pub forwarder: PathBuf,
 }
 
 impl RunnerConfig {
@@ -91,6 +96,7 @@ impl RunnerConfig {
             work_root,
             job_dir,
             concurrency: job.run.concurrency,
+            forwarder: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("gyre")),
         }
     }
 }
@@ -364,16 +370,33 @@ impl HarnessRunner {
             .iter()
             .map(|a| substitute(a, &values))
             .collect();
-        let argv = self
-            .cfg
-            .sandbox
-            .wrap(argv, &dirs, &values, &Extra::default());
+        // Network only to the gateway: a bridge from a socket bound into
+        // the sandbox to the gateway, and the harness pointed at the
+        // forwarder's loopback port inside.
+        let (forward, bridge, env_creds) = match self.gateway_only(&dirs, &creds) {
+            Ok(Some((f, b, c))) => (Some(f), Some(b), c),
+            Ok(None) => (None, None, creds.clone()),
+            Err(e) => {
+                drop(scratch_guard);
+                let _ = dirs.remove_all();
+                self.close(&creds, opened_here).await;
+                return self.fail(
+                    run,
+                    &format!("cannot bridge the sandbox to the gateway: {e}"),
+                );
+            }
+        };
+        let extra = Extra {
+            forward,
+            ..Extra::default()
+        };
+        let argv = self.cfg.sandbox.wrap(argv, &dirs, &values, &extra);
         let remaining = deadline.saturating_duration_since(Instant::now());
         let overall_first = remaining < self.cfg.timeout;
         let spec = ProcessSpec {
             argv,
             cwd: dirs.workspace.clone(),
-            env: self.environment(&dirs, &creds, &req.env),
+            env: self.environment(&dirs, &env_creds, &req.env),
             stdout: run.stdout.clone(),
             stderr: run.stderr.clone(),
             limits: self.cfg.limits.clone(),
@@ -381,6 +404,7 @@ impl HarnessRunner {
             grace: self.cfg.grace,
         };
         let p = process::run(&spec, &cancel).await;
+        drop(bridge);
         timings.spawn = p.spawn;
         timings.process = p.wall;
         run.stragglers_killed = p.stragglers_killed;
@@ -421,6 +445,34 @@ impl HarnessRunner {
         }
         tracing::debug!(label = %run.label, outcome = ?run.outcome, "harness run ended");
         run
+    }
+
+    /// With bwrap and `network = "gateway"`: the in-sandbox forwarder, the
+    /// host's bridge to the gateway, and the credentials as the harness
+    /// sees them (the gateway at the forwarder's loopback port).
+    fn gateway_only(
+        &self,
+        dirs: &ExecDirs,
+        creds: &Credentials,
+    ) -> std::io::Result<Option<(Forward, GatewayBridge, Credentials)>> {
+        let plan = &self.cfg.sandbox;
+        if plan.kind != SandboxKind::Bwrap || plan.network != NetworkMode::Gateway {
+            return Ok(None);
+        }
+        let gateway = gateway_addr(&creds.api_base)?;
+        let socket = dirs.root.join("gateway.sock");
+        let bridge = GatewayBridge::start(&socket, gateway)?;
+        let listen = std::net::SocketAddr::from(([127, 0, 0, 1], gateway.port()));
+        let forward = Forward {
+            program: self.cfg.forwarder.clone(),
+            listen,
+            socket,
+        };
+        let seen = Credentials {
+            api_base: format!("http://{listen}"),
+            ..creds.clone()
+        };
+        Ok(Some((forward, bridge, seen)))
     }
 
     async fn close(&self, creds: &Credentials, opened_here: bool) {

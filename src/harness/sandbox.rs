@@ -9,8 +9,10 @@
 //!   nothing it starts survives it, even a process that leaves the
 //!   session), and writable only: its workspace, HOME and TMPDIR. The task
 //!   set (every `hidden/`), the other executions' folders and the logs are
-//!   covered by empty tmpfs mounts. Network: the host's, or none
-//!   (`sandbox.network = "none"`: loopback only).
+//!   covered by empty tmpfs mounts. Network: the host's, none
+//!   (`sandbox.network = "none"`: loopback only), or only the gateway
+//!   (`"gateway"`: loopback only, plus the forwarder of [`super::forward`]
+//!   as the sandbox's first process, its Unix socket bound in).
 //! - `command`: a user prefix (`docker run …`, `podman run …`, `bwrap …`)
 //!   in front of the command; that runtime decides what is isolated.
 
@@ -40,6 +42,20 @@ pub struct Extra<'a> {
     pub read_only: Vec<&'a Path>,
     /// The workspace is read-only too (the evaluator).
     pub workspace_read_only: bool,
+    /// With `network = "gateway"`: the forwarder to start the command
+    /// behind (a harness; an evaluator gets no network at all).
+    pub forward: Option<Forward>,
+}
+
+/// The in-sandbox forwarder of `network = "gateway"`.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    /// A `gyre` binary (it has the hidden `sandbox-forward` command).
+    pub program: PathBuf,
+    /// Loopback address inside the sandbox the harness is pointed at.
+    pub listen: std::net::SocketAddr,
+    /// The host's [`super::forward::GatewayBridge`] socket.
+    pub socket: PathBuf,
 }
 
 fn s(p: &Path) -> String {
@@ -95,7 +111,7 @@ impl SandboxPlan {
                 .iter()
                 .map(|x| x.to_string())
                 .collect();
-                if self.network == NetworkMode::None {
+                if self.network != NetworkMode::Host {
                     a.push("--unshare-net".into());
                 }
                 for v in &self.visible {
@@ -131,6 +147,13 @@ impl SandboxPlan {
                 for p in &extra.read_only {
                     a.extend(["--ro-bind".into(), s(p), s(p)]);
                 }
+                let argv = match (&extra.forward, self.network) {
+                    (Some(f), NetworkMode::Gateway) => {
+                        a.extend(["--bind".into(), s(&f.socket), s(&f.socket)]);
+                        super::forward::forwarded_argv(&f.program, f.listen, &f.socket, argv)
+                    }
+                    _ => argv,
+                };
                 a.extend(["--chdir".into(), s(&dirs.workspace)]);
                 a.extend(self.bwrap_args.iter().cloned());
                 a.push("--".into());
@@ -156,7 +179,7 @@ pub fn bwrap_works(network: NetworkMode) -> Result<(), String> {
         "--proc",
         "/proc",
     ]);
-    if network == NetworkMode::None {
+    if network != NetworkMode::Host {
         cmd.arg("--unshare-net");
     }
     match cmd.args(["--", "true"]).output() {
@@ -234,10 +257,41 @@ mod tests {
             &Extra {
                 read_only: vec![Path::new("/t/hidden")],
                 workspace_read_only: true,
+                forward: None,
             },
         );
         let joined = ro.join(" ");
         assert!(joined.contains("--ro-bind /w/e1/workspace /w/e1/workspace"));
         assert!(joined.contains("--ro-bind /t/hidden /t/hidden"));
+    }
+
+    #[test]
+    fn bwrap_with_the_gateway_network_starts_the_forwarder_first() {
+        let plan = SandboxPlan {
+            kind: SandboxKind::Bwrap,
+            network: NetworkMode::Gateway,
+            ..SandboxPlan::none()
+        };
+        let forward = Forward {
+            program: "/bin/gyre".into(),
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            socket: "/w/e1/gateway.sock".into(),
+        };
+        let extra = Extra {
+            forward: Some(forward),
+            ..Extra::default()
+        };
+        let joined = plan
+            .wrap(vec!["agent".into()], &dirs(), &[], &extra)
+            .join(" ");
+        assert!(joined.contains("--unshare-net"));
+        assert!(joined.contains("--bind /w/e1/gateway.sock /w/e1/gateway.sock"));
+        assert!(joined.ends_with(
+            "-- /bin/gyre sandbox-forward --listen 127.0.0.1:8080 --unix /w/e1/gateway.sock -- agent"
+        ));
+        // The evaluator: no forwarder, no network.
+        let eval = plan.wrap(vec!["grade".into()], &dirs(), &[], &Extra::default());
+        assert!(eval.contains(&"--unshare-net".to_string()));
+        assert!(eval.ends_with(&["--".to_string(), "grade".to_string()]));
     }
 }

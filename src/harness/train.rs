@@ -35,8 +35,9 @@ use super::runner::{ExecutionRequest, HarnessRunner, RunOutcome, RunnerConfig};
 use super::tasks::{Epochs, Task, TaskError, TaskSet};
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::external::board::RunInfo;
-use crate::embedded::external::evaluator::WorkspaceScorer;
+use crate::embedded::external::evaluator::{Scored, WorkspaceScorer};
 use crate::embedded::external::{HarnessLauncher, HarnessRun, LaunchSpec};
+use gyre_actors::trajectory::scoring::ArtifactRef;
 
 /// Why a job could not be turned into a run.
 #[derive(Debug, thiserror::Error)]
@@ -298,7 +299,7 @@ impl HarnessLauncher for JobLauncher {
 }
 
 impl WorkspaceScorer for JobScorer {
-    fn score(&self, run: &RunInfo, attempt: u32) -> Result<f64, String> {
+    fn score(&self, run: &RunInfo, attempt: u32) -> Result<Scored, String> {
         let target = lock(&self.targets)
             .get(&run.workspace)
             .cloned()
@@ -333,7 +334,18 @@ impl WorkspaceScorer for JobScorer {
                     let _ = target.dirs.remove_all();
                     let _ = std::fs::remove_dir_all(&target.dirs.workspace);
                 }
-                Ok(b.score)
+                // The state the plane binds the score to (SPEC 3.3).
+                // Version 0: the frozen final state, the same for every
+                // attempt; its content hash names it.
+                let artifact = ArtifactRef {
+                    version: 0,
+                    branch: b.branch.clone(),
+                    digest: b.workspace_hash.clone(),
+                };
+                Ok(Scored {
+                    reward: b.score,
+                    artifact: Some(artifact),
+                })
             }
             Verdict::Crashed { why } => {
                 self.counters

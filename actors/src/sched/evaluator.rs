@@ -29,10 +29,10 @@ use crate::sched::execution::ExecStatus;
 use crate::sched::ids::ExecId;
 pub use crate::sched::msg::evaluator::{EvalJob, EvaluatorMsg};
 use crate::sched::proto::Port;
-use crate::sched::proto::evaluator::{EvalEvent, EvalReq};
+use crate::sched::proto::evaluator::{EvalEvent, EvalReq, EvalState};
 use crate::sched::retry::{Outbox, ReqKey, Resend, RetryTick};
 use crate::trajectory::scoring::{
-    ArtifactRef, EvalResult, Evaluation, ExecutionScoring, Outcome, Termination,
+    ArtifactRef, EvalBinding, EvalResult, Evaluation, ExecutionScoring, Outcome, Termination,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,6 +64,8 @@ struct Job {
     job: EvalJob,
     scoring: ExecutionScoring,
     attempt: u32,
+    /// The state the current attempt evaluated, as its backend named it.
+    state: Option<ArtifactRef>,
 }
 
 /// How an execution ended, in the scoring module's terms (recorded, never
@@ -82,10 +84,7 @@ fn termination(status: ExecStatus) -> Termination {
 fn artifact(status: ExecStatus) -> Option<ArtifactRef> {
     match status {
         ExecStatus::Failed { complete: true } => None,
-        _ => Some(ArtifactRef {
-            version: 0,
-            branch: String::new(),
-        }),
+        _ => Some(ArtifactRef::unnamed()),
     }
 }
 
@@ -97,6 +96,10 @@ pub struct Evaluator {
     jobs: BTreeMap<ExecId, Job>,
     outbox: Outbox,
     stats: EvalStats,
+    /// Every score bound to a state a backend named (execution, artifact
+    /// with its content hash and branch, score), in order; never
+    /// overwritten (SPEC 3.3).
+    bound: Vec<EvalBinding>,
 }
 
 impl Evaluator {
@@ -108,6 +111,7 @@ impl Evaluator {
             jobs: BTreeMap::new(),
             outbox: Outbox::new(None),
             stats: EvalStats::default(),
+            bound: Vec::new(),
         }
     }
 
@@ -124,6 +128,11 @@ impl Evaluator {
 
     pub fn stats(&self) -> EvalStats {
         self.stats
+    }
+
+    /// The scores bound to states their backend named.
+    pub fn bindings(&self) -> &[EvalBinding] {
+        &self.bound
     }
 
     /// Evaluations in progress or waiting for a retry.
@@ -192,6 +201,7 @@ impl Evaluator {
                     job,
                     scoring,
                     attempt: 0,
+                    state: None,
                 },
             );
             self.ask(exec, 0, cx);
@@ -211,7 +221,13 @@ impl Evaluator {
         if j.attempt != attempt {
             return;
         }
-        let Some(artifact) = j.scoring.designated().cloned() else {
+        // A state the backend named is what this attempt is bound to; the
+        // first one names the execution's (until then unnamed) final state.
+        let named = j.state.take();
+        if let Some(state) = &named {
+            j.scoring.identify(state.clone());
+        }
+        let Some(artifact) = named.or_else(|| j.scoring.designated().cloned()) else {
             return;
         };
         let mut failed = matches!(result, EvalResult::EvaluatorFailed { .. });
@@ -239,6 +255,14 @@ impl Evaluator {
         if failed {
             self.stats.failed_attempts += 1;
         }
+        // A score just bound to a named state (a refused one counted as
+        // failed above).
+        if !failed
+            && !artifact.digest.is_empty()
+            && let Some(b) = j.scoring.bindings().find(|b| b.artifact == artifact)
+        {
+            self.bound.push(b.clone());
+        }
         if outcome.is_final() {
             if let Some(j) = self.jobs.remove(&exec) {
                 self.resolve(j.job, outcome, cx);
@@ -254,7 +278,7 @@ impl Evaluator {
 impl Actor for Evaluator {
     type Msg = EvaluatorMsg;
     type Timer = EvalTimer;
-    gyre_runtime::accepts!(EvalJob, EvalEvent);
+    gyre_runtime::accepts!(EvalJob, EvalEvent, EvalState);
 
     fn on_msg(&mut self, _from: ActorId, msg: EvaluatorMsg, cx: &mut Cx<'_, Self>) {
         match msg {
@@ -270,6 +294,13 @@ impl Actor for Evaluator {
                     score: reward as f32,
                 };
                 self.answer(exec, attempt, result, cx);
+            }
+            EvaluatorMsg::State(s) => {
+                if let Some(j) = self.jobs.get_mut(&s.exec)
+                    && j.attempt == s.attempt
+                {
+                    j.state = Some(s.artifact);
+                }
             }
             EvaluatorMsg::Backend(EvalEvent::Failed { exec, attempt }) => {
                 let result = EvalResult::EvaluatorFailed {

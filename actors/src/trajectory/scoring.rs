@@ -70,11 +70,28 @@ pub enum Termination {
     Cancelled,
 }
 
-/// A reference to preserved work: artifact version and branch.
+/// A reference to preserved work: artifact version and branch, and the
+/// content hash of the state evaluated where the backend names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ArtifactRef {
     pub version: u64,
     pub branch: String,
+    /// Hex digest of the preserved content (a workspace's SHA-256); empty
+    /// where nothing names it (the simulator, the built-in task).
+    #[serde(default)]
+    pub digest: String,
+}
+
+impl ArtifactRef {
+    /// The execution's final state, not yet named: what is designated at
+    /// close until a backend identifies the state it evaluated.
+    pub fn unnamed() -> Self {
+        ArtifactRef {
+            version: 0,
+            branch: String::new(),
+            digest: String::new(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -181,6 +198,19 @@ impl ExecutionScoring {
         Ok(&self.outcome)
     }
 
+    /// Names the designated state once a backend has identified it (the
+    /// workspace's content hash and branch, taken on the frozen state):
+    /// only while the state designated at close is [`ArtifactRef::unnamed`]
+    /// and nothing is bound yet. Returns whether it took the name.
+    pub fn identify(&mut self, artifact: ArtifactRef) -> bool {
+        let unnamed = self.designated.as_ref() == Some(&ArtifactRef::unnamed());
+        if !unnamed || !self.bindings.is_empty() || self.termination.is_none() {
+            return false;
+        }
+        self.designated = Some(artifact);
+        true
+    }
+
     /// Takes one evaluator answer. A score for the designated artifact
     /// decides the result; a score for another artifact is only bound.
     pub fn on_evaluation(&mut self, eval: Evaluation) -> Result<&Outcome, ScoringError> {
@@ -277,7 +307,35 @@ mod tests {
         ArtifactRef {
             version: v,
             branch: "main".into(),
+            digest: String::new(),
         }
+    }
+
+    #[test]
+    fn an_unnamed_state_is_named_once_before_anything_is_bound() {
+        let named = ArtifactRef {
+            digest: "ab".repeat(32),
+            ..art(0)
+        };
+        let mut s = ExecutionScoring::new("e", 100);
+        assert!(!s.identify(named.clone()), "not closed yet");
+        s.close(Termination::Completed, Some(ArtifactRef::unnamed()))
+            .unwrap();
+        assert!(s.identify(named.clone()));
+        assert!(!s.identify(art(7)), "named once");
+        assert_eq!(s.designated(), Some(&named));
+        let eval = Evaluation {
+            artifact: named.clone(),
+            result: EvalResult::Scored { score: 0.5 },
+            at_ns: 10,
+        };
+        s.on_evaluation(eval).unwrap();
+        assert!(matches!(s.outcome(), Outcome::Valid { score, .. } if *score == 0.5));
+        assert_eq!(s.bindings().next().unwrap().artifact, named);
+        // A state named at close stays as it was.
+        let mut t = ExecutionScoring::new("f", 100);
+        t.close(Termination::Completed, Some(art(1))).unwrap();
+        assert!(!t.identify(named));
     }
 
     fn scored(v: u64, score: f32, at_ns: u64) -> Evaluation {

@@ -10,6 +10,13 @@ the history, then "ok" or "retry"), compacts its context before the third
 and now and then asks a sub-agent (its own system prompt, its own root).
 It writes what it answered to answers.json in its workspace (its working
 directory); grade.py scores that file.
+
+AGENT_TURNS (default 3) sets the number of main calls and AGENT_COMPACT_EVERY
+(default 2) how many main calls a conversation holds before it is compacted:
+more calls per process spread the SDK's import (most of a run's CPU time)
+over more of the policy's answers. AGENT_MAX_TOKENS (default 4) bounds each
+answer (only its first byte is graded; longer answers keep calls in flight
+longer, so role changes find them there).
 """
 
 import hashlib
@@ -19,8 +26,9 @@ import sys
 
 from openai import OpenAI
 
-TURNS = 3
-COMPACT_BEFORE = 2
+TURNS = int(os.environ.get("AGENT_TURNS", "3"))
+COMPACT_EVERY = max(1, int(os.environ.get("AGENT_COMPACT_EVERY", "2")))
+MAX_TOKENS = int(os.environ.get("AGENT_MAX_TOKENS", "4"))
 SUB_AGENT_SHARE = 64  # of 256: about one run in four
 
 
@@ -30,7 +38,7 @@ def target(q: int) -> str:
 
 def ask(client: OpenAI, messages: list) -> str:
     r = client.chat.completions.create(
-        model="gyre-policy", messages=messages, max_tokens=4, temperature=1.0
+        model="gyre-policy", messages=messages, max_tokens=MAX_TOKENS, temperature=1.0
     )
     return r.choices[0].message.content or ""
 
@@ -43,7 +51,7 @@ def main() -> int:
     answers, hits = [], 0
     draw = hashlib.sha256(os.environ.get("GYRE_EXECUTION", "").encode()).digest()[0]
     for turn in range(TURNS):
-        if turn == COMPACT_BEFORE:
+        if turn > 0 and turn % COMPACT_EVERY == 0:
             messages = [
                 {"role": "user", "content": f"task {q}"},
                 {"role": "user", "content": f"summary: {hits} of {turn}"},
@@ -57,7 +65,7 @@ def main() -> int:
         if turn == 0 and draw < SUB_AGENT_SHARE:
             ask(client, [{"role": "system", "content": "helper"}, {"role": "user", "content": f"task {q}"}])
     with open("answers.json", "w") as f:
-        json.dump({"query": q, "answers": answers}, f)
+        json.dump({"query": q, "turns": TURNS, "answers": answers}, f)
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Scores a byte-game workspace: the mean credit of the main answers, 1 for
 the target byte first, half credit fading over 16 bytes around it (the
-built-in task's shaping, so a random byte model finds a gradient). Prints
+built-in task's shaping, so a random byte model finds a gradient), over the
+run's "turns" main calls (3 when the file does not say). Prints
 {"score": x, "valid": true}; a workspace without answers.json is invalid."""
 
 import json
@@ -29,7 +30,8 @@ def main() -> int:
         print(json.dumps({"score": 0.0, "valid": False, "detail": str(e)}))
         return 0
     want = ord("a") + int(run["query"]) % 8
-    score = sum(credit(a, want) for a in run["answers"][:TURNS]) / TURNS
+    turns = int(run.get("turns", TURNS))
+    score = sum(credit(a, want) for a in run["answers"][:turns]) / turns
     print(json.dumps({"score": score, "valid": True}))
     return 0
 

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use gyre_actors::sched::ids::ExecId;
-use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq};
+use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq, EvalState};
+use gyre_actors::trajectory::scoring::ArtifactRef;
 use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient};
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +27,16 @@ pub enum CommandEvalMsg {
         exec: ExecId,
         attempt: u32,
         reply_to: Recipient<EvalEvent>,
-        score: Result<f64, IoError>,
+        score: Result<Scored, IoError>,
     },
+}
+
+/// One attempt's valid score, and the state it was taken on where the
+/// scorer names it (a workspace's content hash and branch).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scored {
+    pub reward: f64,
+    pub artifact: Option<ArtifactRef>,
 }
 
 impl From<EvalReq> for CommandEvalMsg {
@@ -40,7 +49,7 @@ impl From<EvalReq> for CommandEvalMsg {
 /// evaluator runner, `crate::harness`); called on an I/O worker, so it may
 /// block. `Err` is a failed attempt (pending, retried), never a zero.
 pub trait WorkspaceScorer: std::fmt::Debug + Send + Sync + 'static {
-    fn score(&self, run: &RunInfo, attempt: u32) -> Result<f64, String>;
+    fn score(&self, run: &RunInfo, attempt: u32) -> Result<Scored, String>;
 }
 
 /// Runs the evaluator command per attempt (`Msg` accepts `EvalReq`).
@@ -144,7 +153,10 @@ impl Actor for CommandEvaluator {
                             .get(exec)
                             .ok_or_else(|| format!("{exec:?} has no workspace to score"))
                             .and_then(|run| s.score(&run, attempt)),
-                        None => evaluate(&argv, &board, exec),
+                        None => evaluate(&argv, &board, exec).map(|reward| Scored {
+                            reward,
+                            artifact: None,
+                        }),
                     }),
                     move |score| CommandEvalMsg::Done {
                         exec,
@@ -160,8 +172,18 @@ impl Actor for CommandEvaluator {
                 reply_to,
                 score,
             } => match score {
-                Ok(reward) => {
+                Ok(Scored { reward, artifact }) => {
                     self.board.scored(exec, reward);
+                    // The evaluator actor accepts the state through its
+                    // accepts! table, as it does `EvalEvent`.
+                    if let Some(artifact) = artifact {
+                        let state = EvalState {
+                            exec,
+                            attempt,
+                            artifact,
+                        };
+                        cx.send(reply_to.same_actor::<EvalState>(), state);
+                    }
                     cx.send(
                         reply_to,
                         EvalEvent::Scored {

@@ -121,14 +121,22 @@ pub struct PlaneEngine {
     pub blobs: Arc<dyn BlobStore>,
     pub weights: Arc<dyn WeightStore>,
     pub context: usize,
+    /// The policy's own output cap per call; reaching it ends the turn
+    /// (a client asking for more is not told its limit was hit).
+    pub max_tokens: Option<usize>,
 }
 
 impl PlaneEngine {
-    fn prompt(req: &GenerateRequest) -> Prompt {
-        Prompt {
+    /// The call's prompt, and whether the policy's own cap (not the
+    /// client's `max_tokens`) bounds it.
+    fn prompt(&self, req: &GenerateRequest) -> (Prompt, bool) {
+        let asked = req.params.max_tokens.max(1);
+        let cap = |c: usize| u32::try_from(c).unwrap_or(u32::MAX).max(1);
+        let max_new_tokens = self.max_tokens.map_or(asked, |c| asked.min(cap(c)));
+        let prompt = Prompt {
             input_ids: req.prompt.to_vec(),
             message_ends: Vec::new(),
-            max_new_tokens: req.params.max_tokens.max(1),
+            max_new_tokens,
             stop_tokens: vec![Special::EndTurn.id()],
             temperature: req.params.temperature.unwrap_or(1.0),
             top_p: req.params.top_p.unwrap_or(1.0),
@@ -136,7 +144,8 @@ impl PlaneEngine {
             parent_call: None,
             role: None,
             purpose: CallPurpose::Policy,
-        }
+        };
+        (prompt, max_new_tokens < asked)
     }
 }
 
@@ -147,6 +156,7 @@ async fn relay(
     mut from: mpsc::UnboundedReceiver<StreamEvent>,
     to: mpsc::Sender<EngineEvent>,
     cancel: CancellationToken,
+    capped: bool,
 ) {
     let mut last = None;
     loop {
@@ -177,6 +187,7 @@ async fn relay(
                 let finish = match last {
                     None => EngineFinish::Failed("the engine answered without a token".into()),
                     Some(t) if t == Special::EndTurn.id() => EngineFinish::EndOfTurn,
+                    Some(_) if capped => EngineFinish::EndOfTurn,
                     Some(_) => EngineFinish::Length,
                 };
                 let _ = to.send(EngineEvent::Finish(finish)).await;
@@ -219,7 +230,7 @@ impl Engine for PlaneEngine {
                     req.execution
                 ))
             })?;
-        let prompt = Self::prompt(&req);
+        let (prompt, capped) = self.prompt(&req);
         let prompt_tokens = prompt.input_ids.len() as u64;
         let blob = put_encoded(&*self.blobs, &prompt)
             .map_err(|e| EngineError::Unavailable(format!("the prompt does not encode: {e}")))?;
@@ -244,6 +255,7 @@ impl Engine for PlaneEngine {
             stream,
             tx,
             cancel.clone(),
+            capped,
         ));
         Ok(Generation { events, cancel })
     }

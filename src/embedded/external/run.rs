@@ -47,6 +47,8 @@ pub struct GatewayOptions {
     pub store: Option<PathBuf>,
     /// No published step for this long ends the run as stalled.
     pub stall: Duration,
+    /// The policy's output cap per call (a job's `model.max_tokens`).
+    pub max_tokens: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -219,6 +221,7 @@ async fn run_async(
         blobs: blobs.clone(),
         weights: parts.shared.weights.clone(),
         context: cfg.model.context,
+        max_tokens: opts.max_tokens,
     };
     let store = match &opts.store {
         Some(d) => Store::open(d),

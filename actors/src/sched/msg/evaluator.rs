@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::sched::ids::{ExecId, GroupId, Version};
 use crate::sched::msg::execution::ExecStatus;
-use crate::sched::proto::evaluator::EvalEvent;
+use crate::sched::proto::evaluator::{EvalEvent, EvalState};
 
 /// A closed execution to evaluate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +27,14 @@ pub struct EvalJob {
 pub enum EvaluatorMsg {
     Evaluate(EvalJob),
     Backend(EvalEvent),
+    /// The state an attempt evaluated, before its score.
+    State(EvalState),
+}
+
+impl From<EvalState> for EvaluatorMsg {
+    fn from(s: EvalState) -> Self {
+        EvaluatorMsg::State(s)
+    }
 }
 
 impl From<EvalJob> for EvaluatorMsg {
