@@ -66,6 +66,7 @@ pub fn small_config(seed: u64) -> ClusterConfig {
         eval_retry: rng.random_range(1..=30) * SECS,
         samples: SampleMode::Counted,
         retry: None,
+        watch_nodes: false,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     let costs = &mut cfg.costs;

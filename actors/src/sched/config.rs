@@ -99,6 +99,13 @@ pub struct SchedConfig {
     /// was; fault-injected runs set it.
     #[serde(default)]
     pub retry: Option<Nanos>,
+    /// The scheduler watches the nodes of the cells' and the pool's
+    /// backends and takes a lost one out of rollout (see
+    /// `scheduler::loss`). Off by default: watching adds no message, but a
+    /// fault-free run has nothing to gain from it, and its schedule stays
+    /// as it was. Needs `retry`, which is how a lost node is found again.
+    #[serde(default)]
+    pub watch_nodes: bool,
 }
 
 impl Default for SchedConfig {
@@ -124,6 +131,7 @@ impl Default for SchedConfig {
             eval_retry: SECS,
             samples: SampleMode::Counted,
             retry: None,
+            watch_nodes: false,
         }
     }
 }
@@ -151,6 +159,8 @@ pub enum ConfigError {
     AsyncSplit { train: u32, k: u32, pool: u32 },
     #[error("samples: {0}")]
     Samples(String),
+    #[error("watch_nodes finds a lost node again by resending to it: set retry too")]
+    WatchWithoutRetry,
 }
 
 /// Values derived once from a valid configuration.
@@ -180,6 +190,9 @@ impl SchedConfig {
             if v == 0 {
                 return Err(ConfigError::Zero { what });
             }
+        }
+        if self.watch_nodes && self.retry.is_none() {
+            return Err(ConfigError::WatchWithoutRetry);
         }
         let b = self.batch_groups;
         let over = self.phi * f64::from(b);

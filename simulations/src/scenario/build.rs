@@ -96,6 +96,7 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
         eval_retry: secs(s.evaluator.retry_s),
         samples: SampleMode::Counted,
         retry: None,
+        watch_nodes: false,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     cfg.costs = costs(s, run);
