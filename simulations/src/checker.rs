@@ -182,8 +182,11 @@ impl Checker {
             .iter()
             .zip(&roles)
             .any(|(a, b)| *a == Role::ToTraining && *b == Role::Training);
+        // A lost node cuts the prefix: the lost cell and those above it
+        // leave training inside the burst, by design (`scheduler::loss`).
+        let cut_by_loss = s.log().losses.iter().any(|l| l.burst == s.burst());
         for (i, (a, b)) in prev.roles.iter().zip(&roles).enumerate() {
-            if same_burst && a.is_training_side() && !b.is_training_side() {
+            if same_burst && !cut_by_loss && a.is_training_side() && !b.is_training_side() {
                 return Err(format!(
                     "cell {i} left training inside a burst ({a:?} -> {b:?})"
                 ));
@@ -363,7 +366,7 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
     if evaluator.in_progress() > 0 {
         return Err("evaluations never finished".to_owned());
     }
-    for addr in &peers.cells {
+    for addr in peers.cells.iter().chain(peers.pool.iter()) {
         let cell = sim.actor(*addr).ok_or("a cell is gone")?;
         let st = cell.stats();
         if cell.role() != gyre_actors::sched::cell::CellRole::Rollout {
@@ -373,7 +376,9 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
                 cell.role()
             ));
         }
-        if st.warmups != st.drains || st.drains != st.batches {
+        // A batch abandoned with its node may have warmed up and not drained.
+        let abandoned = st.warmups.saturating_sub(st.drains);
+        if abandoned > st.losses || st.drains != st.batches {
             return Err(format!(
                 "cell {:?}: {} warm-ups, {} drains, {} batches with work",
                 cell.index(),
@@ -423,9 +428,26 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
         .filter_map(|t| sim.actor(*t))
         .map(|t| t.stats().micro_steps)
         .sum();
-    if computed != granted as u64 {
+    // After a satellite's loss its grants were granted again (requeued):
+    // a lost trainer's count went with its node, a cut survivor's stays.
+    let requeued = queue.stats().requeued;
+    let lost_nodes = !s.log().losses.is_empty();
+    if (!lost_nodes && computed != granted as u64) || computed > granted as u64 + requeued {
         return Err(format!(
-            "trainers computed {computed} micro-steps, {granted} were granted"
+            "trainers computed {computed} micro-steps, {granted} were granted ({requeued} again)"
+        ));
+    }
+    // Every loss ended in a rejoin (the liveness phase restarts nodes).
+    if let Some(l) = s.log().losses.iter().find(|l| l.rejoined_at.is_none()) {
+        return Err(format!(
+            "{:?} was lost at {} and never rejoined",
+            l.engine, l.at
+        ));
+    }
+    if s.ledger().unplaced() > 0 {
+        return Err(format!(
+            "{} executions never got a slot back",
+            s.ledger().unplaced()
         ));
     }
     // Every published version is what the rollout engines serve at the end.

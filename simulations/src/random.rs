@@ -67,6 +67,7 @@ pub fn small_config(seed: u64) -> ClusterConfig {
         samples: SampleMode::Counted,
         retry: None,
         checkpoint_every: None,
+        watch_nodes: false,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     let costs = &mut cfg.costs;

@@ -12,10 +12,15 @@
 //!   once, one update per step).
 //!
 //! Backend requests are resent every [`RETRY`] until answered (see
-//! `gyre_actors::sched::retry`). What a plan does not touch yet: the
-//! harness link (the harness is placed on the scheduler's node, its
-//! protocol having no acknowledgements), and crashes (no actor of the
-//! cluster is restartable, so planned crashes find no target).
+//! `gyre_actors::sched::retry`). The plan's crashes are node crashes: each
+//! takes down the node of a cell other than the core, or the pool's, and
+//! restarts it with fresh backends after `lasts` (at the latest when the
+//! faults heal); the scheduler watches those nodes (`watch_nodes`), so a
+//! crash, and a partition between the scheduler's node and a cell's, is a
+//! lost node with its defined outcome (`scheduler::loss`). What a plan does
+//! not touch yet: the harness link (the harness is placed on the
+//! scheduler's node, its protocol having no acknowledgements), and the
+//! nodes of the core, the transfer engine and the evaluator backend.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -56,8 +61,68 @@ pub fn swarm_config(seed: u64) -> ClusterConfig {
         cfg = full;
     }
     cfg.sched.retry = Some(RETRY);
+    cfg.sched.watch_nodes = true;
+    cfg.restartable = true;
     cfg.harness_local = true;
     cfg
+}
+
+/// The nodes a plan's crashes can take down: every cell's but the core's,
+/// and the pool's.
+pub fn crashable(cfg: &ClusterConfig) -> Vec<NodeId> {
+    let plan = gyre_actors::sched::plan::ClusterPlan::for_config(&cfg.sched);
+    plan.cells
+        .iter()
+        .skip(1)
+        .copied()
+        .chain(plan.pool)
+        .collect()
+}
+
+/// The node crashes of `plan` for `cfg`: (crash at, restart at, node),
+/// restarts at the latest at the [`HORIZON`].
+pub fn node_crashes(cfg: &ClusterConfig, plan: &FaultPlan) -> Vec<(Nanos, Nanos, NodeId)> {
+    let nodes = crashable(cfg);
+    if nodes.is_empty() || !cfg.restartable {
+        return Vec::new();
+    }
+    plan.crashes
+        .iter()
+        .filter(|c| c.at < HORIZON)
+        .map(|c| {
+            let node = nodes[(c.pick % nodes.len() as u64) as usize];
+            (c.at, c.at.saturating_add(c.lasts).min(HORIZON), node)
+        })
+        .collect()
+}
+
+/// Runs the safety phase to [`HORIZON`], crashing and restarting nodes
+/// on the way.
+fn run_faults(
+    sim: &mut gyre_runtime::sim::Sim,
+    crashes: &[(Nanos, Nanos, NodeId)],
+) -> Result<(), SimError> {
+    // (time, restart?, node): at equal times, restarts first.
+    let mut acts: Vec<(Nanos, bool, NodeId)> = Vec::new();
+    for (at, until, node) in crashes {
+        acts.push((*at, false, *node));
+        acts.push((*until, true, *node));
+    }
+    acts.sort_by_key(|(t, restart, n)| (*t, !*restart, *n));
+    for (t, restart, node) in acts {
+        sim.run_until(t)?;
+        if restart {
+            sim.restart_node(node);
+        } else {
+            sim.crash_node(node);
+        }
+    }
+    sim.run_until(HORIZON)?;
+    // Every node is up again for the liveness phase.
+    for (_, _, node) in crashes {
+        sim.restart_node(*node);
+    }
+    Ok(())
 }
 
 /// What one swarm seed injected and how it ended.
@@ -68,6 +133,10 @@ pub struct SwarmOutcome {
     pub dropped: u64,
     pub duplicated: u64,
     pub partitions: usize,
+    /// Node crashes injected, and nodes the scheduler took out as lost
+    /// (crashes and partitions from its node).
+    pub crashes: usize,
+    pub losses: usize,
     pub resent: u64,
     pub duplicate_answers: u64,
     pub steps: u64,
@@ -90,12 +159,14 @@ impl SwarmOutcome {
     /// One table row.
     pub fn row(&self) -> String {
         format!(
-            "{:>8} {:>5.1}% {:>5.1}% {:>4} {:>5} {:>7} {:>7} {:>6} {:>5} {:>10} {}",
+            "{:>8} {:>5.1}% {:>5.1}% {:>4} {:>5} {:>5} {:>4} {:>7} {:>7} {:>6} {:>5} {:>10} {}",
             self.seed,
             self.plan.link.loss * 100.0,
             self.plan.link.duplicate * 100.0,
             if self.plan.link.fifo { "fifo" } else { "any" },
             self.partitions,
+            self.crashes,
+            self.losses,
             self.dropped,
             self.duplicated,
             self.resent,
@@ -108,8 +179,7 @@ impl SwarmOutcome {
         )
     }
 
-    pub const HEADER: &'static str =
-        "    seed   loss    dup link parts dropped  copies resent steps    virtual outcome";
+    pub const HEADER: &'static str = "    seed   loss    dup link parts crash lost dropped  copies resent steps    virtual outcome";
 }
 
 impl fmt::Display for SwarmOutcome {
@@ -132,13 +202,19 @@ pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, R
     cluster
         .sim
         .set_invariant(move |view| c.borrow_mut().check(view));
-    cluster.sim.apply_faults(plan.clone());
+    let crashes = node_crashes(cfg, &plan);
+    let mut applied = plan.clone();
+    // The plan's crashes are the node crashes above, not actor crashes.
+    applied.crashes.clear();
+    cluster.sim.apply_faults(applied);
     let mut outcome = SwarmOutcome {
         seed: cfg.seed,
         plan: plan.clone(),
         dropped: 0,
         duplicated: 0,
         partitions: plan.partitions.len(),
+        crashes: crashes.len(),
+        losses: 0,
         resent: 0,
         duplicate_answers: 0,
         steps: 0,
@@ -148,7 +224,7 @@ pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, R
         error: None,
     };
     // Phase 1, safety under faults.
-    let first = cluster.sim.run_until(HORIZON);
+    let first = run_faults(&mut cluster.sim, &crashes);
     if let Err(e) = first {
         outcome.error = Some(Box::new(e));
     } else {
@@ -198,6 +274,7 @@ pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, R
     {
         let core = sim.actor(p.core);
         outcome.steps = core.map_or(0, |c| c.version());
+        outcome.losses = s.log().losses.len();
         let mut boxes = Vec::new();
         boxes.extend(sim.actor(p.proxy).map(|x| x.outbox().stats()));
         boxes.extend(sim.actor(p.evaluator).map(|x| x.outbox().stats()));
@@ -265,6 +342,7 @@ pub fn run_table(
     writeln!(out, "{}", SwarmOutcome::HEADER)?;
     let mut failed = Vec::new();
     let (mut dropped, mut copies, mut resent, mut parts) = (0, 0, 0, 0);
+    let (mut crashes, mut losses) = (0, 0);
     for seed in base..base.saturating_add(count) {
         let outcome = match run_swarm_seed(seed) {
             Ok(o) => o,
@@ -279,13 +357,15 @@ pub fn run_table(
         copies += outcome.duplicated;
         resent += outcome.resent;
         parts += outcome.partitions;
+        crashes += outcome.crashes;
+        losses += outcome.losses;
         if let Some(e) = outcome.error {
             failed.push((seed, e.to_string()));
         }
     }
     writeln!(
         out,
-        "{count} seeds: {} ok, {} failed; injected {parts} partitions, {dropped} messages dropped, {copies} duplicated; {resent} requests resent",
+        "{count} seeds: {} ok, {} failed; injected {parts} partitions, {crashes} node crashes ({losses} nodes lost), {dropped} messages dropped, {copies} duplicated; {resent} requests resent",
         count as usize - failed.len(),
         failed.len()
     )?;

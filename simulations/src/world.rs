@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use gyre_actors::sched::ids::EngineIx;
-use gyre_actors::sched::plan::{BackendFactory, CellBackends, ClusterPlan, PlacedBackends, place};
+use gyre_actors::sched::plan::{
+    BackendFactory, CellBackends, CellRemakers, ClusterPlan, PlacedBackends, Remake, place,
+};
 use gyre_actors::sched::scheduler::Scheduler;
 use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
 use gyre_runtime::sim::{Latency, LinkModel, Sim, SimConfig};
@@ -34,6 +36,10 @@ pub struct ClusterConfig {
     /// A deliberately broken backend guard, to show the swarm catches it
     /// (`None` in every real run).
     pub mutation: Option<Mutation>,
+    /// The cells' and the pool's backends can restart after their node
+    /// crashes (`Sim::crash_node`, `Sim::restart_node`), fresh. Off by
+    /// default: a fault plan's actor crashes would then find them.
+    pub restartable: bool,
 }
 
 /// A guard of the simulated backends switched off on purpose (the swarm's
@@ -67,11 +73,13 @@ impl ClusterConfig {
             max_events: 2_000_000,
             harness_local: false,
             mutation: None,
+            restartable: false,
         }
     }
 }
 
 /// The simulated backends: cost models, no payloads.
+#[derive(Clone)]
 pub struct SimBackends {
     cfg: ClusterConfig,
 }
@@ -90,6 +98,16 @@ impl SimBackends {
     }
 }
 
+impl SimBackends {
+    fn trainer(&self, cell: u32) -> SimTrainer {
+        let trainer = SimTrainer::new(self.cfg.costs.trainer.clone(), cell);
+        match self.cfg.mutation {
+            Some(Mutation::TrainerRepeatsWork) => trainer.repeating_work(),
+            _ => trainer,
+        }
+    }
+}
+
 impl BackendFactory for SimBackends {
     type Engine = SimEngine;
     type Trainer = SimTrainer;
@@ -103,12 +121,7 @@ impl BackendFactory for SimBackends {
         let costs = &self.cfg.costs;
         Ok(CellBackends {
             engine: self.engine(EngineIx::Cell(cell), slots),
-            trainer: match self.cfg.mutation {
-                Some(Mutation::TrainerRepeatsWork) => {
-                    SimTrainer::new(costs.trainer.clone(), cell).repeating_work()
-                }
-                _ => SimTrainer::new(costs.trainer.clone(), cell),
-            },
+            trainer: self.trainer(cell),
             memory: SimMemory::new(costs.memory.clone()),
         })
     }
@@ -139,6 +152,23 @@ impl BackendFactory for SimBackends {
 
     fn kv_bytes_per_token(&self) -> u64 {
         self.cfg.costs.kv_bytes_per_token
+    }
+
+    fn remake_cell(&self, cell: u32, slots: u32) -> Option<CellRemakers<Self>> {
+        if !self.cfg.restartable {
+            return None;
+        }
+        let (e, t, m) = (self.clone(), self.clone(), self.clone());
+        Some(CellRemakers {
+            engine: Box::new(move || e.engine(EngineIx::Cell(cell), slots)),
+            trainer: Box::new(move || t.trainer(cell)),
+            memory: Box::new(move || SimMemory::new(m.cfg.costs.memory.clone())),
+        })
+    }
+
+    fn remake_pool(&self, slots: u32) -> Option<Remake<SimEngine>> {
+        let f = self.cfg.restartable.then(|| self.clone())?;
+        Some(Box::new(move || f.engine(EngineIx::Pool, slots)))
     }
 
     /// Simulated backends send no payloads; a Recorded run still needs a

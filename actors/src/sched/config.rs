@@ -105,6 +105,13 @@ pub struct SchedConfig {
     /// schedule as before.
     #[serde(default)]
     pub checkpoint_every: Option<u64>,
+    /// The scheduler watches the nodes of the cells' and the pool's
+    /// backends and takes a lost one out of rollout (see
+    /// `scheduler::loss`). Off by default: watching adds no message, but a
+    /// fault-free run has nothing to gain from it, and its schedule stays
+    /// as it was. Needs `retry`, which is how a lost node is found again.
+    #[serde(default)]
+    pub watch_nodes: bool,
 }
 
 impl Default for SchedConfig {
@@ -131,6 +138,7 @@ impl Default for SchedConfig {
             samples: SampleMode::Counted,
             retry: None,
             checkpoint_every: None,
+            watch_nodes: false,
         }
     }
 }
@@ -158,6 +166,8 @@ pub enum ConfigError {
     AsyncSplit { train: u32, k: u32, pool: u32 },
     #[error("samples: {0}")]
     Samples(String),
+    #[error("watch_nodes finds a lost node again by resending to it: set retry too")]
+    WatchWithoutRetry,
 }
 
 /// Values derived once from a valid configuration.
@@ -187,6 +197,9 @@ impl SchedConfig {
             if v == 0 {
                 return Err(ConfigError::Zero { what });
             }
+        }
+        if self.watch_nodes && self.retry.is_none() {
+            return Err(ConfigError::WatchWithoutRetry);
         }
         let b = self.batch_groups;
         let over = self.phi * f64::from(b);

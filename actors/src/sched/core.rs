@@ -93,6 +93,8 @@ pub struct CoreLog {
     pub checkpoints: Vec<(Step, Version)>,
     /// Checkpoint writes that failed (the trainer reported no durable file).
     pub failed_checkpoints: u64,
+    /// Members cut from a batch by a satellite's loss: (step, cell).
+    pub cut: Vec<(Step, u32)>,
 }
 
 #[derive(Debug)]
@@ -113,6 +115,12 @@ pub struct Core {
     sealed: BTreeMap<Step, Sealed>,
     done: BTreeMap<u32, Vec<MicroStepId>>,
     packer: Option<Recipient<PackerMsg>>,
+    /// Members cut from the batch being collected (their late report of
+    /// it is ignored).
+    cut: BTreeSet<u32>,
+    /// What survivors had computed of the batch before a cut sent them
+    /// back to the queue for the cut members' share.
+    earlier: BTreeMap<u32, Vec<MicroStepId>>,
     /// Trainer and transfer requests awaiting their answers.
     outbox: Outbox,
     log: CoreLog,
@@ -136,6 +144,8 @@ impl Core {
             sealed: BTreeMap::new(),
             done: BTreeMap::new(),
             packer: None,
+            cut: BTreeSet::new(),
+            earlier: BTreeMap::new(),
             outbox: Outbox::new(None),
             log: CoreLog::default(),
         }
@@ -178,6 +188,8 @@ impl Core {
     fn begin(&mut self, cx: &mut Cx<'_, Self>) {
         self.phase = CorePhase::Collecting;
         self.done.clear();
+        self.cut.clear();
+        self.earlier.clear();
         self.exposed = None;
         self.window_open = false;
         let step = self.step;
@@ -211,8 +223,15 @@ impl Core {
         if !self.window_open {
             return;
         }
-        while let Some(addr) = self.pending.remove(&(self.members.len() as u32)) {
+        loop {
             let cell = self.members.len() as u32;
+            // A cell cut from this step (it rejoined since) joins the next.
+            if self.log.cut.contains(&(self.step, cell)) {
+                break;
+            }
+            let Some(addr) = self.pending.remove(&cell) else {
+                break;
+            };
             self.members.push((cell, addr));
             cx.send(
                 addr,
@@ -234,13 +253,31 @@ impl Core {
         if self.members.iter().any(|(c, _)| !self.done.contains_key(c)) {
             return;
         }
-        // Close the join window before the update.
-        self.window_open = false;
         let mut consumed: Vec<MicroStepId> = self.done.values().flatten().copied().collect();
         consumed.sort();
         let unique = consumed.windows(2).all(|w| w[0] != w[1]);
         let mut expected = sealed.micro_steps.clone();
         expected.sort();
+        if unique && !self.cut.is_empty() && consumed.len() < expected.len() {
+            // A cut member's share went back to the queue after the
+            // survivors finished: they claim again.
+            let step = self.step;
+            for (c, addr) in &self.members {
+                if let Some(done) = self.done.remove(c) {
+                    self.earlier.entry(*c).or_default().extend(done);
+                    cx.send(
+                        *addr,
+                        CellMsg::Batch {
+                            step,
+                            snapshot: None,
+                        },
+                    );
+                }
+            }
+            return;
+        }
+        // Close the join window before the update.
+        self.window_open = false;
         if !unique || consumed != expected {
             let text = format!(
                 "step {}: consumed {:?} but sealed {:?}",
@@ -369,6 +406,43 @@ impl Core {
     }
 }
 
+impl Core {
+    /// Satellite `cell` is gone: the prefix shrinks to the members below
+    /// it (those above could no longer reduce over a prefix group), and,
+    /// while the batch is still being collected, every cut member's grants
+    /// return to the queue for the survivors to compute. Once the batch is
+    /// reducing, its gradients are already drained and only later steps
+    /// lose the members. The core's own loss (cell 0) is not handled here.
+    fn member_lost(
+        &mut self,
+        cell: u32,
+        queue: Recipient<crate::sched::msg::queue::QueueMsg>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        if cell == 0 {
+            return;
+        }
+        self.pending.retain(|c, _| *c < cell);
+        let Some(at) = self.members.iter().position(|(c, _)| *c >= cell) else {
+            return;
+        };
+        let cut: Vec<u32> = self.members.drain(at..).map(|(c, _)| c).collect();
+        self.log.cut.extend(cut.iter().map(|c| (self.step, *c)));
+        if self.phase == CorePhase::Collecting {
+            for c in &cut {
+                self.done.remove(c);
+                self.cut.insert(*c);
+            }
+            let step = self.step;
+            cx.send(
+                queue,
+                crate::sched::msg::queue::QueueMsg::Requeue { step, cells: cut },
+            );
+            self.try_complete(cx);
+        }
+    }
+}
+
 impl Actor for Core {
     type Msg = CoreMsg;
     type Timer = RetryTick;
@@ -483,6 +557,9 @@ impl Actor for Core {
                 );
                 self.try_complete(cx);
             }
+            CoreMsg::MemberLost { cell, queue } => self.member_lost(cell, queue, cx),
+            // A cut member's late report of the batch it was cut from.
+            CoreMsg::BatchDone { step, cell, .. } if self.log.cut.contains(&(step, cell)) => {}
             CoreMsg::BatchDone {
                 step,
                 cell,
@@ -496,6 +573,8 @@ impl Actor for Core {
                     ));
                     return;
                 }
+                let mut consumed = consumed;
+                consumed.extend(self.earlier.remove(&cell).unwrap_or_default());
                 if self.done.insert(cell, consumed).is_some() {
                     self.violation(format!("cell {cell} finished step {step} twice"));
                 }

@@ -32,11 +32,23 @@ use crate::sched::scheduler::{Backends, Scheduler};
 /// (which hosts every actor itself and ignores the node).
 pub trait Host {
     fn spawn<A: Actor>(&mut self, node: NodeId, actor: A) -> Addr<A>;
+
+    /// Like [`Host::spawn`], with `make` building the actor again when
+    /// its node restarts; a host that cannot restart one spawns the first
+    /// build and forgets `make`.
+    fn spawn_remade<A: Actor>(&mut self, node: NodeId, mut make: Box<dyn FnMut() -> A>) -> Addr<A> {
+        let first = make();
+        self.spawn(node, first)
+    }
 }
 
 impl Host for Sim {
     fn spawn<A: Actor>(&mut self, node: NodeId, actor: A) -> Addr<A> {
         Sim::spawn(self, node, actor)
+    }
+
+    fn spawn_remade<A: Actor>(&mut self, node: NodeId, make: Box<dyn FnMut() -> A>) -> Addr<A> {
+        Sim::spawn_restartable(self, node, make)
     }
 }
 
@@ -102,6 +114,45 @@ pub trait BackendFactory {
     fn reject_retry(&self) -> RejectRetry {
         RejectRetry::default()
     }
+
+    /// How to build cell `cell`'s backends again, fresh, when its node
+    /// restarts (the simulator's node crashes); `None` (the default):
+    /// they are spawned once.
+    fn remake_cell(&self, _cell: u32, _slots: u32) -> Option<CellRemakers<Self>> {
+        None
+    }
+
+    /// [`BackendFactory::remake_cell`] for the pool's engine.
+    fn remake_pool(&self, _slots: u32) -> Option<Remake<Self::Engine>> {
+        None
+    }
+}
+
+/// Builds one backend again after its node restarts.
+pub type Remake<A> = Box<dyn FnMut() -> A>;
+
+/// How to build a cell's three backends again.
+pub struct CellRemakers<F: BackendFactory + ?Sized> {
+    pub engine: Remake<F::Engine>,
+    pub trainer: Remake<F::Trainer>,
+    pub memory: Remake<F::Memory>,
+}
+
+/// Spawns `first` on `node`, restartable with `remake` if there is one.
+fn spawn_backend<H: Host, A: Actor>(
+    host: &mut H,
+    node: NodeId,
+    first: A,
+    remake: Option<Remake<A>>,
+) -> Addr<A> {
+    let Some(mut remake) = remake else {
+        return host.spawn(node, first);
+    };
+    let mut first = Some(first);
+    host.spawn_remade(
+        node,
+        Box::new(move || first.take().unwrap_or_else(&mut remake)),
+    )
 }
 
 /// The backends of a built cluster, for reading their state.
@@ -153,14 +204,24 @@ pub fn place<F: BackendFactory, H: Host>(
 ) -> Result<(Addr<Scheduler>, PlacedBackends<F>), F::Error> {
     sched.validate()?;
     let (mut engines, mut trainers, mut memories) = (Vec::new(), Vec::new(), Vec::new());
+    let slots = sched.cell_capacity;
     for (c, &node) in (0u32..).zip(&plan.cells) {
-        let cell = factory.cell(c, sched.cell_capacity)?;
-        engines.push(host.spawn(node, cell.engine));
-        trainers.push(host.spawn(node, cell.trainer));
-        memories.push(host.spawn(node, cell.memory));
+        let cell = factory.cell(c, slots)?;
+        // A cell's three backends share its node, and restart with it.
+        let (e, t, m) = match factory.remake_cell(c, slots) {
+            Some(r) => (Some(r.engine), Some(r.trainer), Some(r.memory)),
+            None => (None, None, None),
+        };
+        engines.push(spawn_backend(host, node, cell.engine, e));
+        trainers.push(spawn_backend(host, node, cell.trainer, t));
+        memories.push(spawn_backend(host, node, cell.memory, m));
     }
     let pool = match plan.pool {
-        Some(node) => Some(host.spawn(node, factory.pool(sched.pool_capacity)?)),
+        Some(node) => {
+            let first = factory.pool(sched.pool_capacity)?;
+            let remake = factory.remake_pool(sched.pool_capacity);
+            Some(spawn_backend(host, node, first, remake))
+        }
         None => None,
     };
     let transfer = host.spawn(plan.transfer, factory.transfer()?);

@@ -85,6 +85,9 @@ pub struct ProxyStats {
     pub reroutes: u64,
     /// Rejected attempts retried on the same engine after a backoff.
     pub same_engine_retries: u64,
+    /// Attempts lost with their engine's node, tried again from the
+    /// prompt elsewhere: their KV cache is recomputed, not moved.
+    pub lost_attempts: u64,
 }
 
 #[derive(Debug)]
@@ -254,6 +257,59 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Every attempt on `engine` is given up (no answer will come), the
+    /// executions that were served there get their new routes, and their
+    /// calls are tried again there or held.
+    fn engine_lost(
+        &mut self,
+        engine: EngineIx,
+        moves: Vec<(ExecId, Option<EngineIx>)>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        for (exec, to) in &moves {
+            if self.closed.contains(exec) {
+                continue;
+            }
+            match to {
+                Some(to) => {
+                    self.routes.insert(*exec, *to);
+                    *self.reroutes.entry(*exec).or_default() += 1;
+                    self.stats.reroutes += 1;
+                }
+                None => {
+                    self.routes.remove(exec);
+                }
+            }
+        }
+        let lost: Vec<(CallId, u32)> = self
+            .calls
+            .iter()
+            .filter(|(_, p)| p.at == Some(engine))
+            .map(|(c, p)| (*c, p.attempt))
+            .collect();
+        for (call, attempt) in lost {
+            self.outbox.forget(&ReqKey::Serve(call, attempt));
+            self.stats.lost_attempts += 1;
+            if let Some(p) = self.calls.get_mut(&call) {
+                p.at = None;
+            }
+        }
+        let mut execs: Vec<ExecId> = moves.iter().map(|(x, _)| *x).collect();
+        execs.extend(
+            self.calls
+                .iter()
+                .filter(|(_, p)| p.at.is_none())
+                .map(|(c, _)| c.exec),
+        );
+        execs.sort();
+        execs.dedup();
+        for exec in execs {
+            self.release_held(exec, cx);
+        }
+    }
+}
+
 impl Actor for Proxy {
     type Msg = ProxyMsg;
     type Timer = ProxyTimer;
@@ -369,6 +425,7 @@ impl Actor for Proxy {
                 self.not_served(call, attempt, true, cx)
             }
             ProxyMsg::Released => {}
+            ProxyMsg::EngineLost { engine, moves } => self.engine_lost(engine, moves, cx),
         }
     }
 }

@@ -24,6 +24,10 @@ struct StepQueue {
     closed: bool,
     granted: BTreeSet<MicroStepId>,
     waiting: VecDeque<(u32, Recipient<CellMsg>)>,
+    /// What each cell was granted, for a requeue.
+    by_cell: BTreeMap<u32, Vec<MicroStep>>,
+    /// Cells cut from this step's batch: granted nothing more.
+    cut: BTreeSet<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +38,8 @@ pub struct QueueStats {
     pub double_grants: u64,
     /// A close whose total disagreed with what was pushed (must stay 0).
     pub bad_closes: u64,
+    /// Micro-steps granted again after their cell left the batch.
+    pub requeued: u64,
 }
 
 #[derive(Debug, Default)]
@@ -67,12 +73,16 @@ impl MicroQueue {
         let Some(q) = self.steps.get_mut(&step) else {
             return false;
         };
+        if q.cut.contains(&cell) {
+            return false;
+        }
         let Some(m) = q.unclaimed.pop_front() else {
             return false;
         };
         if !q.granted.insert(m.id) {
             self.stats.double_grants += 1;
         }
+        q.by_cell.entry(cell).or_default().push(m);
         *self.stats.grants.entry(cell).or_default() += 1;
         cx.send(to, CellMsg::Grant { mstep: m });
         if let Some(p) = self.packer {
@@ -93,7 +103,10 @@ impl MicroQueue {
             let Some(q) = self.steps.get_mut(&step) else {
                 return;
             };
-            if q.unclaimed.is_empty() && !q.closed {
+            let Some(&(cell, _)) = q.waiting.front() else {
+                return;
+            };
+            if q.unclaimed.is_empty() && !q.closed && !q.cut.contains(&cell) {
                 return;
             }
             let Some((cell, to)) = q.waiting.pop_front() else {
@@ -140,11 +153,29 @@ impl Actor for MicroQueue {
                     return;
                 }
                 let q = self.steps.entry(step).or_default();
-                if q.closed {
+                if q.closed || q.cut.contains(&cell) {
                     cx.send(reply_to, CellMsg::StreamEnd { step });
                 } else {
                     q.waiting.push_back((cell, reply_to));
                 }
+            }
+            QueueMsg::Requeue { step, cells } => {
+                let q = self.steps.entry(step).or_default();
+                let mut back = Vec::new();
+                for cell in cells {
+                    if !q.cut.insert(cell) {
+                        continue;
+                    }
+                    back.extend(q.by_cell.remove(&cell).unwrap_or_default());
+                }
+                back.sort_by_key(|m| m.id);
+                for m in back.iter().rev() {
+                    q.granted.remove(&m.id);
+                    q.unclaimed.push_front(*m);
+                }
+                self.stats.requeued += back.len() as u64;
+                // A parked claim of a cut cell ends; the others may be served.
+                self.serve(step, cx);
             }
         }
     }

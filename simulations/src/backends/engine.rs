@@ -287,6 +287,9 @@ impl Actor for SimEngine {
                 }
                 if self.loaded && !cx.timer_armed(&EngineTimer::Unload) {
                     self.stats.repeats += 1;
+                    // Loaded already (a repeat, or a node that rejoins
+                    // after it stopped admitting): it serves again.
+                    self.admitting = true;
                     let loaded = EngineEvent::Loaded {
                         version: self.version,
                     };

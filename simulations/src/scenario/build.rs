@@ -97,6 +97,7 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
         samples: SampleMode::Counted,
         retry: None,
         checkpoint_every: None,
+        watch_nodes: false,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     cfg.costs = costs(s, run);

@@ -215,6 +215,7 @@ impl Cell {
                 }
                 self.version = self.version.max(version);
                 self.phase = Phase::Rollout;
+                self.rejoined();
                 self.stats.to_rollout += 1;
                 cx.send(
                     self.links.sched,

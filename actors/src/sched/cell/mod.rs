@@ -19,6 +19,7 @@
 //! ([`takeover`]). The standalone pool is a cell that never switches.
 
 mod drain;
+mod lost;
 mod ret;
 mod takeover;
 mod train;
@@ -117,6 +118,10 @@ pub struct CellStats {
     pub unexpected: u64,
     /// Backend refusals (device memory full): the switch is stuck.
     pub faults: u64,
+    /// Times its node was lost, and messages of the abandoned phase that
+    /// arrived afterwards and were ignored.
+    pub losses: u64,
+    pub stale_after_loss: u64,
 }
 
 #[derive(Debug)]
@@ -131,6 +136,15 @@ pub struct Cell {
     pending_return: Option<(SwitchId, Version)>,
     /// Backend requests awaiting their answers.
     outbox: Outbox,
+    /// Rejoining after its node was lost: messages of the abandoned phase
+    /// are expected, and ignored.
+    rejoining: bool,
+    /// The batch abandoned when the node was lost: the queue may still
+    /// answer its claims after the rejoin.
+    abandoned: Option<Step>,
+    /// The switch id of the latest rejoin: hand-over steps of an earlier
+    /// switch belong to an abandoned phase.
+    rejoined_as: Option<SwitchId>,
     stats: CellStats,
 }
 
@@ -154,6 +168,9 @@ impl Cell {
             version: 0,
             pending_return: None,
             outbox: Outbox::new(None),
+            rejoining: false,
+            abandoned: None,
+            rejoined_as: None,
             stats: CellStats::default(),
         }
     }
@@ -224,6 +241,10 @@ impl Cell {
     }
 
     fn unexpected(&mut self, what: &str) {
+        if self.rejoining {
+            self.stats.stale_after_loss += 1;
+            return;
+        }
         self.stats.unexpected += 1;
         tracing::warn!(cell = ?self.index, phase = ?self.role(), what, "unexpected message");
     }
@@ -251,6 +272,11 @@ impl Actor for Cell {
 
     fn on_msg(&mut self, _from: ActorId, msg: CellMsg, cx: &mut Cx<'_, Self>) {
         match msg {
+            CellMsg::RoutesMoved { switch } | CellMsg::TakenOver { switch, .. }
+                if self.rejoined_as > Some(switch) =>
+            {
+                self.stats.stale_after_loss += 1;
+            }
             CellMsg::Switch { switch, moves } => self.on_switch(switch, moves, cx),
             CellMsg::RoutesMoved { switch } => self.on_routes_moved(switch, cx),
             CellMsg::TakeOver { switch, kv, source } => self.on_take_over(switch, kv, source, cx),
@@ -263,8 +289,15 @@ impl Actor for Cell {
                 }
             }
             CellMsg::Batch { step, snapshot } => self.on_batch(step, snapshot, cx),
+            CellMsg::Grant { mstep } if self.abandoned >= Some(mstep.id.step) => {
+                self.stats.stale_after_loss += 1;
+            }
+            CellMsg::StreamEnd { step } if self.abandoned >= Some(step) => {
+                self.stats.stale_after_loss += 1;
+            }
             CellMsg::Grant { mstep } => self.on_grant(mstep, cx),
             CellMsg::StreamEnd { step } => self.on_stream_end(step, cx),
+            CellMsg::Lost { switch, version } => self.on_lost(switch, version, cx),
             // A backend's answer counts once: a duplicate (the network's
             // copy, or the answer to a resend) finds nothing outstanding.
             // A refusal does not say which of the role's requests it

@@ -29,7 +29,7 @@ impl Cell {
         }
     }
 
-    fn begin_return(&mut self, switch: SwitchId, cx: &mut Cx<'_, Self>) {
+    pub(super) fn begin_return(&mut self, switch: SwitchId, cx: &mut Cx<'_, Self>) {
         self.phase = Phase::Returning {
             switch,
             stage: Stage::FreeingTraining,

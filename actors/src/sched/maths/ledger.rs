@@ -8,7 +8,7 @@
 //! transition first reserves a slot elsewhere for each execution it displaces
 //! (SPEC 2.5 step 2), so the sum of placements never exceeds C_R.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,9 @@ pub enum Role {
     Training,
     /// Between leaving training and its engine serving again.
     Returning,
+    /// Its node was lost (see `scheduler::loss`): it offers no slot until
+    /// it rejoins.
+    Lost,
 }
 
 impl Role {
@@ -68,6 +71,11 @@ pub struct Ledger {
     used: Vec<u32>,
     pool_used: u32,
     placements: BTreeMap<ExecId, EngineIx>,
+    /// The pool's node was lost: it offers no slot until it rejoins.
+    pool_lost: bool,
+    /// Running executions whose engine was lost and for which no slot was
+    /// free: counted as running (p − f), placed again as slots free up.
+    unplaced: BTreeSet<ExecId>,
 }
 
 impl Ledger {
@@ -80,6 +88,8 @@ impl Ledger {
             used: vec![0; cells as usize],
             pool_used: 0,
             placements: BTreeMap::new(),
+            pool_lost: false,
+            unplaced: BTreeSet::new(),
         }
     }
 
@@ -103,16 +113,40 @@ impl Ledger {
     /// C_R, equation (1).
     pub fn rollout_capacity(&self) -> u64 {
         rollout_capacity(
-            self.pool_capacity,
+            self.pool_offer(),
             self.cells(),
             self.out_of_rollout(),
             self.cell_capacity,
         )
     }
 
-    /// p − f as the ledger sees it: executions placed on some engine.
+    /// C_s as offered now: 0 while the pool's node is lost.
+    pub fn pool_offer(&self) -> u32 {
+        if self.pool_lost {
+            0
+        } else {
+            self.pool_capacity
+        }
+    }
+
+    /// Cells whose node is lost.
+    pub fn lost_cells(&self) -> u32 {
+        self.roles.iter().filter(|r| **r == Role::Lost).count() as u32
+    }
+
+    pub fn pool_lost(&self) -> bool {
+        self.pool_lost
+    }
+
+    /// p − f as the ledger sees it: executions placed on some engine, and
+    /// those a lost engine left without one.
     pub fn running(&self) -> u64 {
-        self.placements.len() as u64
+        (self.placements.len() + self.unplaced.len()) as u64
+    }
+
+    /// Running executions waiting for a slot since their engine was lost.
+    pub fn unplaced(&self) -> usize {
+        self.unplaced.len()
     }
 
     /// C_R − (p − f).
@@ -123,7 +157,7 @@ impl Ledger {
     /// The slots `engine` offers now (0 for a cell out of rollout).
     pub fn capacity_of(&self, engine: EngineIx) -> u32 {
         match engine {
-            EngineIx::Pool => self.pool_capacity,
+            EngineIx::Pool => self.pool_offer(),
             EngineIx::Cell(c) => match self.role(c) {
                 Some(Role::Rollout) => self.cell_capacity,
                 _ => 0,
@@ -192,6 +226,75 @@ impl Ledger {
         let engine = self.placements.remove(&exec)?;
         self.add(engine, -1);
         Some(engine)
+    }
+
+    /// A finished execution that had no slot since its engine was lost.
+    pub fn release_unplaced(&mut self, exec: ExecId) -> bool {
+        self.unplaced.remove(&exec)
+    }
+
+    /// `engine`'s node is lost: it offers no slot from now on (a cell's
+    /// role becomes `Lost` whatever it was), and every execution placed
+    /// on it moves to the preferred engine with a free slot, or waits
+    /// unplaced (`None`) for one. False if it was lost already.
+    pub fn lose(&mut self, engine: EngineIx) -> Option<Vec<(ExecId, Option<EngineIx>)>> {
+        match engine {
+            EngineIx::Pool if self.pool_capacity > 0 && !self.pool_lost => self.pool_lost = true,
+            EngineIx::Cell(c) if self.role(c).is_some_and(|r| r != Role::Lost) => {
+                self.roles[c as usize] = Role::Lost;
+            }
+            _ => return None,
+        }
+        let displaced: Vec<ExecId> = self
+            .placements
+            .iter()
+            .filter(|(_, e)| **e == engine)
+            .map(|(x, _)| *x)
+            .collect();
+        let mut moves = Vec::with_capacity(displaced.len());
+        for exec in displaced {
+            self.release(exec);
+            match self.first_free() {
+                Some(to) => {
+                    self.add(to, 1);
+                    self.placements.insert(exec, to);
+                    moves.push((exec, Some(to)));
+                }
+                None => {
+                    self.unplaced.insert(exec);
+                    moves.push((exec, None));
+                }
+            }
+        }
+        Some(moves)
+    }
+
+    /// `engine` serves again after its node was lost (a cell rejoins in
+    /// rollout). False if it was not lost.
+    pub fn rejoin(&mut self, engine: EngineIx) -> bool {
+        match engine {
+            EngineIx::Pool if self.pool_lost => self.pool_lost = false,
+            EngineIx::Cell(c) if self.role(c) == Some(Role::Lost) => {
+                self.roles[c as usize] = Role::Rollout;
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Places unplaced executions where slots are free, oldest first.
+    pub fn place_unplaced(&mut self) -> Vec<(ExecId, EngineIx)> {
+        let mut placed = Vec::new();
+        while let Some(exec) = self.unplaced.first().copied() {
+            let Some(to) = self.first_free() else {
+                break;
+            };
+            self.unplaced.remove(&exec);
+            self.add(to, 1);
+            self.placements.insert(exec, to);
+            placed.push((exec, to));
+        }
+        placed
     }
 
     /// Takes `cells` out of rollout (role `ToTraining`) and reserves a slot
@@ -283,11 +386,17 @@ impl Ledger {
                 ));
             }
         }
-        if self.running() > self.rollout_capacity() {
+        if self.placements.len() as u64 > self.rollout_capacity() {
             return Err(format!(
                 "{} placed executions exceed C_R = {}",
-                self.running(),
+                self.placements.len(),
                 self.rollout_capacity()
+            ));
+        }
+        if !self.unplaced.is_empty() && self.first_free().is_some() {
+            return Err(format!(
+                "{} executions wait unplaced beside a free slot",
+                self.unplaced.len()
             ));
         }
         Ok(())
@@ -323,6 +432,35 @@ mod tests {
         assert_eq!(l.free_slots(), 0);
         assert_eq!(l.release(ExecId(2)), Some(EngineIx::Cell(1)));
         assert_eq!(l.place(ExecId(9)), Some(EngineIx::Cell(1)));
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_lost_engine_gives_up_its_slots_and_its_executions_move_or_wait() {
+        let mut l = Ledger::new(2, 2, 1);
+        let placed: Vec<_> = (0..5).filter_map(|i| l.place(ExecId(i))).collect();
+        assert_eq!(placed.len(), 5);
+        assert_eq!(l.release(ExecId(0)), Some(EngineIx::Pool));
+        // Cell 1 holds executions 1 and 2; one fits on the pool.
+        let moves = l.lose(EngineIx::Cell(1)).unwrap();
+        assert_eq!(
+            moves,
+            vec![(ExecId(1), Some(EngineIx::Pool)), (ExecId(2), None)]
+        );
+        assert_eq!(l.role(1), Some(Role::Lost));
+        assert_eq!(l.rollout_capacity(), 3, "C_R = C_s + (K − 1)·C_e");
+        assert_eq!((l.running(), l.unplaced()), (4, 1));
+        assert_eq!(l.lose(EngineIx::Cell(1)), None, "lost once");
+        l.check().unwrap();
+        // A slot frees: the waiting execution takes it.
+        l.release(ExecId(3));
+        assert_eq!(l.place_unplaced(), vec![(ExecId(2), EngineIx::Cell(0))]);
+        assert!(l.rejoin(EngineIx::Cell(1)));
+        assert_eq!(l.rollout_capacity(), 5);
+        assert!(l.lose(EngineIx::Pool).is_some());
+        assert_eq!((l.pool_offer(), l.rollout_capacity()), (0, 4));
+        assert_eq!(l.unplaced(), 0, "the pool's execution moved to cell 1");
+        assert!(l.rejoin(EngineIx::Pool) && !l.rejoin(EngineIx::Pool));
         l.check().unwrap();
     }
 

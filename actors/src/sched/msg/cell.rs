@@ -67,6 +67,13 @@ pub enum CellMsg {
     Memory(MemoryEvent),
     Trainer(TrainerEvent),
     Transfer(TransferEvent),
+    /// From the scheduler: this cell's node was lost. Whatever it was
+    /// doing is abandoned; it rejoins as `switch`, serving `version`, by
+    /// returning to rollout against its backends until they answer.
+    Lost {
+        switch: SwitchId,
+        version: Version,
+    },
 }
 
 macro_rules! from_event {

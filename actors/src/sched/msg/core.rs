@@ -66,6 +66,13 @@ pub enum CoreMsg {
     },
     Trainer(TrainerEvent),
     Transfer(TransferEvent),
+    /// From the scheduler: satellite `cell`'s node is lost. The prefix is
+    /// cut below it; what the cut members were granted of the batch being
+    /// collected goes back to `queue`.
+    MemberLost {
+        cell: u32,
+        queue: Recipient<crate::sched::msg::queue::QueueMsg>,
+    },
 }
 
 impl From<TrainerEvent> for CoreMsg {

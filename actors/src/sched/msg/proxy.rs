@@ -38,6 +38,13 @@ pub enum ProxyMsg {
     /// The record of a stale attempt was freed (the release is an effect,
     /// and this its completion); nothing follows from it.
     Released,
+    /// From the scheduler: `engine`'s node is lost. Its attempts will not
+    /// be answered: each is tried again from its prompt on the execution's
+    /// new route (`Some`), or held until a route comes (`None`).
+    EngineLost {
+        engine: EngineIx,
+        moves: Vec<(ExecId, Option<EngineIx>)>,
+    },
 }
 
 impl From<CallEvent> for ProxyMsg {

@@ -33,4 +33,9 @@ pub enum QueueMsg {
         cell: u32,
         reply_to: Recipient<CellMsg>,
     },
+    /// From the core: `cells` left `step`'s batch (a member's node was
+    /// lost, and the prefix was cut there). What they were granted goes
+    /// back to the queue, their gradients being gone or unusable, and
+    /// they are granted nothing more of `step`.
+    Requeue { step: Step, cells: Vec<u32> },
 }

@@ -59,8 +59,9 @@ impl Scheduler {
                 threshold: u64::from(self.derived.supply_threshold),
                 watermark,
                 next_dispatch: u64::from(self.cfg.mu) * self.cfg.batch_dispatch(),
-                pool_capacity: self.cfg.pool_capacity,
-                cells: self.cfg.cells,
+                // The capacity left: lost nodes offer none.
+                pool_capacity: self.ledger.pool_offer(),
+                cells: self.cfg.cells - self.ledger.lost_cells(),
                 cell_capacity: self.cfg.cell_capacity,
             }),
             Policy::Colocate => false,
@@ -96,7 +97,7 @@ impl Scheduler {
     /// serve again: a returning cell was told an older version when its
     /// return began, and would otherwise serve it until the next
     /// publication (the swarm's "every published version served" check
-    /// found this).
+    /// found this). A lost cell loads it when it rejoins.
     fn publish_to_rollout(&mut self, version: Version, cx: &mut Cx<'_, Self>) {
         let Some(peers) = &self.peers else {
             return;
@@ -104,7 +105,7 @@ impl Scheduler {
         for (c, addr) in peers.cells.iter().enumerate() {
             if matches!(
                 self.ledger.role(c as u32),
-                Some(Role::Rollout | Role::Returning)
+                Some(Role::Rollout | Role::Returning | Role::Lost)
             ) {
                 cx.send(*addr, CellMsg::Weights { version });
             }

@@ -13,12 +13,13 @@
 //! - [`burst`]: step completions and publications.
 
 mod burst;
+mod loss;
 mod transition;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, Addr, BlobStore, Cx, Nanos};
+use gyre_runtime::{Actor, ActorId, Addr, BlobStore, Cx, Nanos, NodeId};
 
 use crate::sched::Policy;
 use crate::sched::buffer::Buffer;
@@ -113,6 +114,22 @@ pub struct BurstRecord {
     pub watermark: u64,
 }
 
+/// One lost node (see [`loss`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossRecord {
+    pub at: Nanos,
+    /// Publications before the loss.
+    pub burst: u64,
+    pub engine: EngineIx,
+    /// The cell's role when it was lost (`None`: the pool).
+    pub role: Option<Role>,
+    /// Executions that were placed on it, and those of them no slot was
+    /// free for.
+    pub displaced: usize,
+    pub unplaced: usize,
+    pub rejoined_at: Option<Nanos>,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct SchedLog {
     pub transitions: Vec<TransitionRecord>,
@@ -123,6 +140,8 @@ pub struct SchedLog {
     /// running), and those withdrawn from the queue before they started.
     pub surplus_cancelled: u64,
     pub surplus_withdrawn: u64,
+    /// Nodes lost (with `SchedConfig::watch_nodes`).
+    pub losses: Vec<LossRecord>,
 }
 
 #[derive(Debug)]
@@ -151,6 +170,8 @@ pub struct Scheduler {
     /// of them whose training memory is resident.
     group: BTreeSet<u32>,
     group_switched: BTreeSet<u32>,
+    /// The pool's rejoin, while its node is lost.
+    pool_switch: Option<SwitchId>,
     log: SchedLog,
 }
 
@@ -204,6 +225,7 @@ impl Scheduler {
             next_switch: 0,
             group: BTreeSet::new(),
             group_switched: BTreeSet::new(),
+            pool_switch: None,
             log: SchedLog::default(),
             peers: None,
             reject_retry: RejectRetry::default(),
@@ -389,6 +411,7 @@ impl Actor for Scheduler {
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
         let peers = self.spawn_peers(cx);
         self.peers = Some(peers);
+        self.watch_backends(cx);
         if let Policy::Async { train_cells } = self.cfg.policy {
             let cells: Vec<u32> = (0..train_cells).collect();
             self.start_switch(&cells, cx);
@@ -403,7 +426,7 @@ impl Actor for Scheduler {
         match msg {
             SchedMsg::Closed { exec, status } => {
                 // Only a started (placed) execution can close.
-                if self.ledger.release(exec).is_none() {
+                if self.ledger.release(exec).is_none() && !self.ledger.release_unplaced(exec) {
                     return;
                 }
                 if status == ExecStatus::Cancelled {
@@ -423,6 +446,12 @@ impl Actor for Scheduler {
                     self.supply.reset(cx.now());
                     self.try_transition(cx);
                 }
+            }
+            SchedMsg::Returned { cell, switch } if cell == u32::MAX => {
+                self.rejoined(None, switch, cx)
+            }
+            SchedMsg::Returned { cell, switch } if self.ledger.role(cell) == Some(Role::Lost) => {
+                self.rejoined(Some(cell), switch, cx)
             }
             SchedMsg::Returned { cell, switch } => {
                 if self.current(cell, switch) && self.ledger.role(cell) == Some(Role::Returning) {
@@ -446,5 +475,9 @@ impl Actor for Scheduler {
     fn on_timer(&mut self, _timer: SchedTimer, cx: &mut Cx<'_, Self>) {
         self.supply_timer = None;
         self.try_transition(cx);
+    }
+
+    fn on_peer_down(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
+        self.on_node_down(node, cx);
     }
 }

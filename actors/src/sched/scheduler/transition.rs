@@ -46,6 +46,7 @@ impl Scheduler {
     /// The launch rule: start min{d − p, C_R − (p − f)} queued executions,
     /// each on the preferred engine with a free slot.
     pub(super) fn launch(&mut self, cx: &mut Cx<'_, Self>) {
+        self.place_unplaced(cx);
         if self.done {
             return;
         }
@@ -107,11 +108,17 @@ impl Scheduler {
                 _ => return,
             },
             Policy::Colocate => {
-                let all_rollout = self.ledger.roles().iter().all(|r| *r == Role::Rollout);
-                if !all_rollout || !may_move(w, c_r, c_e, self.cfg.cells) {
+                // Every cell, or, while some are lost, the ones before the
+                // first lost cell (the training set is a prefix).
+                let roles = self.ledger.roles();
+                let busy = roles
+                    .iter()
+                    .any(|r| !matches!(r, Role::Rollout | Role::Lost));
+                let n = roles.iter().take_while(|r| **r == Role::Rollout).count() as u32;
+                if busy || n == 0 || !may_move(w, c_r, c_e, n) {
                     return;
                 }
-                (0..self.cfg.cells).collect()
+                (0..n).collect()
             }
         };
         if !self.supply.passes(cx.now()) {
@@ -209,23 +216,7 @@ impl Scheduler {
         let step = self.steps_done;
         if self.group.contains(&cell) {
             self.group_switched.insert(cell);
-            if self.group_switched.len() == self.group.len() {
-                let members = self
-                    .group
-                    .iter()
-                    .map(|c| (*c, peers.cells[*c as usize].into()))
-                    .collect();
-                self.group.clear();
-                self.group_switched.clear();
-                cx.send(
-                    peers.core,
-                    CoreMsg::Activate {
-                        step,
-                        burst,
-                        members,
-                    },
-                );
-            }
+            self.activate_group(cx);
         } else if cell == 0 {
             cx.send(
                 peers.core,
@@ -245,6 +236,32 @@ impl Scheduler {
                 },
             );
         }
+    }
+
+    /// An all-at-once switch whose every cell is resident activates the
+    /// core with them.
+    pub(super) fn activate_group(&mut self, cx: &mut Cx<'_, Self>) {
+        let Some(peers) = self.peers.clone() else {
+            return;
+        };
+        if self.group.is_empty() || self.group_switched.len() != self.group.len() {
+            return;
+        }
+        let members = self
+            .group
+            .iter()
+            .map(|c| (*c, peers.cells[*c as usize].into()))
+            .collect();
+        self.group.clear();
+        self.group_switched.clear();
+        cx.send(
+            peers.core,
+            CoreMsg::Activate {
+                step: self.steps_done,
+                burst: self.burst,
+                members,
+            },
+        );
     }
 
     /// Sends `cell` back to rollout.

@@ -1,0 +1,58 @@
+//! A cell whose node was lost, and how it rejoins.
+//!
+//! The scheduler took the cell out of the ledger when it heard the node was
+//! down (a crash, or a partition the host cannot tell from one), so nothing
+//! the cell was doing counts any more: its executions were moved, its share
+//! of a batch went back to the queue. The cell forgets its outstanding
+//! backend requests and runs its return to rollout (release training
+//! memory, restore rollout memory, load the published weights; the pool
+//! only loads), resent until the node answers. A restarted node answers
+//! with fresh backends, a healed one with the ones it had; either way the
+//! first `Loaded` is the node being back, and the cell reports `Returned`
+//! under the rejoin's switch id. Until then, messages of the abandoned
+//! phase (a late grant, a hand-over's acknowledgement) are counted and
+//! ignored.
+
+use gyre_runtime::Cx;
+
+use super::{Cell, Phase, Stage};
+use crate::sched::ids::{SwitchId, Version};
+use crate::sched::proto::engine::EngineReq;
+use crate::sched::retry::{ReqKey, Resend};
+
+impl Cell {
+    pub(super) fn on_lost(&mut self, switch: SwitchId, version: Version, cx: &mut Cx<'_, Self>) {
+        self.stats.losses += 1;
+        self.rejoining = true;
+        self.abandoned = self.training_step().or(self.abandoned);
+        self.rejoined_as = Some(switch);
+        self.pending_return = None;
+        self.version = self.version.max(version);
+        // Reads of another cell's KV hand-over go to the transfer engine,
+        // not this node, and their source waits for the acknowledgement.
+        for key in self.outbox.pending() {
+            if !matches!(key, ReqKey::ReadKv(_)) {
+                self.outbox.forget(&key);
+            }
+        }
+        if self.index.is_some() {
+            self.begin_return(switch, cx);
+        } else {
+            self.phase = Phase::Returning {
+                switch,
+                stage: Stage::Loading,
+            };
+            let reply_to = cx.recipient();
+            let req = EngineReq::Load {
+                version: self.version,
+                reply_to,
+            };
+            self.request(Resend::Engine(self.links.engine, req), cx);
+        }
+    }
+
+    /// The rejoin is complete: the engine serves again.
+    pub(super) fn rejoined(&mut self) {
+        self.rejoining = false;
+    }
+}
