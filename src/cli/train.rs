@@ -42,7 +42,8 @@ pub struct TrainArgs {
     pub json: bool,
     /// `sim`: the deterministic simulator (virtual time, exact replay);
     /// `live`: the live host (real threads and time, model work on the
-    /// blocking pool; not reproducible bit for bit).
+    /// blocking pool; not reproducible bit for bit); `actix`: the whole
+    /// cluster on the actix adapter (feature `actix`), real time too.
     #[arg(long, value_enum, default_value_t = HostKind::Sim)]
     pub host: HostKind,
     /// Print the complete configuration (defaults, the file and the flags
@@ -117,6 +118,9 @@ pub enum EngineKind {
 pub enum HostKind {
     Sim,
     Live,
+    /// The actix adapter, in an actix system of the run's own (a `gyre`
+    /// built with the `actix` feature).
+    Actix,
 }
 
 /// A live run that publishes nothing for this long is reported stuck.
@@ -238,6 +242,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if sglang && args.host == HostKind::Live {
         bail!("--engines serve / --engine-urls run on the simulator host only (for now)");
     }
+    if sglang && args.host == HostKind::Actix {
+        bail!("--engines serve / --engine-urls run on the simulator host only (for now)");
+    }
+    if args.host == HostKind::Actix {
+        let report = run_actix(&cfg)?;
+        show(bar, serde_json::to_string_pretty(&report)?, &|| {
+            print_live(&report)
+        });
+        return Ok(());
+    }
     if args.host == HostKind::Live {
         let report =
             run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
@@ -271,6 +285,18 @@ pub fn run(args: TrainArgs) -> Result<()> {
         print_report(&cfg, &report);
     }
     Ok(())
+}
+
+#[cfg(feature = "actix")]
+fn run_actix(cfg: &EmbeddedConfig) -> Result<LiveReport> {
+    crate::embedded::actix::run_on_actix(cfg, LIVE_STALL).context("embedded training run on actix")
+}
+
+#[cfg(not(feature = "actix"))]
+fn run_actix(_: &EmbeddedConfig) -> Result<LiveReport> {
+    bail!(
+        "--host actix: this gyre was built without the `actix` feature (cargo build --features actix)"
+    )
 }
 
 /// `local[:N]` / `slurm[:N]` as placement options.

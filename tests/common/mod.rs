@@ -90,3 +90,13 @@ pub fn tiny_serve_model(dir: &std::path::Path, context: usize) -> std::path::Pat
     .expect("write the model file");
     p
 }
+
+/// The `version` of each update in a run's JSON report, in order.
+pub fn versions(report: &serde_json::Value) -> Vec<u64> {
+    report["updates"]
+        .as_array()
+        .expect("a report with updates")
+        .iter()
+        .map(|u| u["version"].as_u64().expect("a version"))
+        .collect()
+}
