@@ -3,26 +3,54 @@
 //! The user's own actix actor, `Monitor`, is told every optimizer update of
 //! the embedded cluster (two elastic cells and a pool training the tiny
 //! policy on the built-in agent task) as it happens, prints it, and stops
-//! the run after the steps it chose by stopping the actix system.
+//! the run after the steps it chose by stopping the actix system. After
+//! the second update it pauses the scheduler's dispatch for half a second
+//! (`SchedMsg::PauseDispatch`, then `ResumeDispatch`): a command message.
 //!
 //! ```text
 //! cargo run --features actix --example actix_monitor -- [STOP_AFTER] [SEED]
 //! ```
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use actix::{Actor, Context, Handler, System};
+use actix::{Actor, AsyncContext, Context, Handler, Message, System};
 use anyhow::{Context as _, Result};
 use gyre::embedded::actix::start_on_actix;
 use gyre::embedded::cluster::EmbeddedConfig;
 use gyre::embedded::trainer::UpdateSummary;
-use gyre_runtime::NodeId;
+use gyre_actors::sched::msg::scheduler::SchedMsg;
+use gyre_actors::sched::scheduler::Scheduler;
 use gyre_runtime::actix_host::{ActixGyre, Tell};
+use gyre_runtime::{ActorId, Addr, NodeId};
 
 /// The user's actor: follows training and decides when it has seen enough.
 struct Monitor {
     stop_after: u64,
     started: Instant,
+    /// Where commands go, once the cluster is up.
+    scheduler: Option<(ActixGyre, Addr<Scheduler>)>,
+}
+
+/// Hands the monitor the running cluster's scheduler.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Steer(ActixGyre, Addr<Scheduler>);
+
+impl Handler<Steer> for Monitor {
+    type Result = ();
+
+    fn handle(&mut self, Steer(gyre, sched): Steer, _: &mut Context<Self>) {
+        self.scheduler = Some((gyre, sched));
+    }
+}
+
+impl Monitor {
+    fn command(&self, msg: SchedMsg) {
+        if let Some((gyre, sched)) = &self.scheduler {
+            println!("monitor: {msg:?}");
+            gyre.send(ActorId::new(0, u64::MAX), *sched, msg);
+        }
+    }
 }
 
 impl Actor for Monitor {
@@ -32,7 +60,7 @@ impl Actor for Monitor {
 impl Handler<Tell<UpdateSummary>> for Monitor {
     type Result = ();
 
-    fn handle(&mut self, tell: Tell<UpdateSummary>, _: &mut Context<Self>) {
+    fn handle(&mut self, tell: Tell<UpdateSummary>, cx: &mut Context<Self>) {
         let u = tell.msg;
         println!(
             "{:>7.2} s  step {:>3} → version {:>3}  loss {:>8.4}  grad norm {:>7.4}  {} targets",
@@ -43,6 +71,12 @@ impl Handler<Tell<UpdateSummary>> for Monitor {
             u.grad_norm,
             u.targets
         );
+        if u.version == 2 {
+            self.command(SchedMsg::PauseDispatch);
+            cx.run_later(Duration::from_millis(500), |me, _| {
+                me.command(SchedMsg::ResumeDispatch)
+            });
+        }
         if u.version >= self.stop_after {
             println!("monitor: {} steps seen, stopping the run", u.version);
             System::current().stop();
@@ -70,10 +104,13 @@ fn main() -> Result<()> {
         let monitor = Monitor {
             stop_after,
             started: Instant::now(),
+            scheduler: None,
         }
         .start();
         let gyre = ActixGyre::new(NodeId(0), cfg.seed);
-        start_on_actix(&gyre, &cfg, Some(monitor.recipient()))
+        let cluster = start_on_actix(&gyre, &cfg, Some(monitor.clone().recipient()))?;
+        monitor.do_send(Steer(gyre, cluster.parts.sched));
+        anyhow::Ok(cluster)
     })?;
     sys.run().context("running the actix system")?;
 

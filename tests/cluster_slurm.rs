@@ -6,7 +6,7 @@
 use std::process::Command;
 
 mod common;
-use common::ok;
+use common::{ok, versions};
 
 fn slurm_is_up() -> bool {
     Command::new("sinfo")
@@ -42,12 +42,7 @@ fn three_steps(placement: &str, extra: &[&str]) -> Vec<serde_json::Value> {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
     assert_eq!(r["placement"], placement);
     assert_eq!(r["steps"], 3);
-    let versions: Vec<u64> = r["updates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["version"].as_u64().unwrap())
-        .collect();
+    let versions = versions(&r);
     assert_eq!(versions, [1, 2, 3]);
     assert!(r["bytes_moved"]["weights"].as_u64().unwrap() > 0);
     let procs = r["processes"].as_array().unwrap().clone();

@@ -42,7 +42,8 @@ pub struct TrainArgs {
     pub json: bool,
     /// `sim`: the deterministic simulator (virtual time, exact replay);
     /// `live`: the live host (real threads and time, model work on the
-    /// blocking pool; not reproducible bit for bit).
+    /// blocking pool; not reproducible bit for bit); `actix`: the whole
+    /// cluster on the actix adapter (feature `actix`), real time too.
     #[arg(long, value_enum, default_value_t = HostKind::Sim)]
     pub host: HostKind,
     /// Print the complete configuration (defaults, the file and the flags
@@ -137,6 +138,9 @@ pub enum PublishKind {
 pub enum HostKind {
     Sim,
     Live,
+    /// The actix adapter, in an actix system of the run's own (a `gyre`
+    /// built with the `actix` feature).
+    Actix,
 }
 
 /// A live run that publishes nothing for this long is reported stuck.
@@ -264,6 +268,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
         });
         return Ok(());
     }
+    if sglang && args.host == HostKind::Actix {
+        bail!("--engines serve / --engine-urls run on the simulator and live hosts only");
+    }
+    if args.host == HostKind::Actix {
+        let report = run_actix(&cfg)?;
+        show(bar, serde_json::to_string_pretty(&report)?, &|| {
+            print_live(&report)
+        });
+        return Ok(());
+    }
     if args.host == HostKind::Live && !sglang {
         let report =
             run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
@@ -327,6 +341,18 @@ fn serve_options(args: &TrainArgs, cfg: &EmbeddedConfig) -> ServeOptions {
         backoff: 50 * gyre_runtime::MILLIS,
     };
     opts
+}
+
+#[cfg(feature = "actix")]
+fn run_actix(cfg: &EmbeddedConfig) -> Result<LiveReport> {
+    crate::embedded::actix::run_on_actix(cfg, LIVE_STALL).context("embedded training run on actix")
+}
+
+#[cfg(not(feature = "actix"))]
+fn run_actix(_: &EmbeddedConfig) -> Result<LiveReport> {
+    bail!(
+        "--host actix: this gyre was built without the `actix` feature (cargo build --features actix)"
+    )
 }
 
 /// `local[:N]` / `slurm[:N]` as placement options.

@@ -13,17 +13,20 @@
 //! It steers the run the actix way: stopping the system (or dropping the
 //! cluster's actors) stops the run after as many steps as it chose, and
 //! [`ActixCluster::report`] reads what was learned from the boards, as the
-//! live host does.
+//! live host does. [`run_on_actix`] is `gyre train --host actix`: its own
+//! system, whose only user actor ends the run at the target step.
 
-use std::time::Instant;
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
-use actix::Recipient as ActixRecipient;
+use actix::{ActorContext as _, AsyncContext as _, Recipient as ActixRecipient};
 use gyre_actors::sched::plan::Host;
 use gyre_runtime::actix_host::{ActixGyre, Tell};
 use gyre_runtime::{Actor, Addr, NodeId, Recipient};
 
 use super::cluster::{Assembled, BuildError, EmbeddedConfig, assemble_observed};
-use super::live::{LiveReport, published};
+use super::live::{LiveReport, LiveRunError, published};
 use super::trainer::UpdateSummary;
 
 /// Spawns every actor of the cluster in the current actix arbiter (the
@@ -73,4 +76,71 @@ pub fn start_on_actix(
         seed: cfg.seed,
         started,
     })
+}
+
+/// The run's own actix actor under `gyre train --host actix`: stops the
+/// system once the core published `target`, or after `stall` without an
+/// update (and says so).
+struct Finisher {
+    target: u64,
+    stall: Duration,
+    last: Instant,
+    seen: Rc<Cell<u64>>,
+    stalled: Rc<Cell<bool>>,
+}
+
+impl actix::Actor for Finisher {
+    type Context = actix::Context<Self>;
+
+    fn started(&mut self, cx: &mut Self::Context) {
+        cx.run_interval(Duration::from_millis(500), |me, cx| {
+            if me.last.elapsed() > me.stall {
+                me.stalled.set(true);
+                cx.stop();
+                actix::System::current().stop();
+            }
+        });
+    }
+}
+
+impl actix::Handler<Tell<UpdateSummary>> for Finisher {
+    type Result = ();
+
+    fn handle(&mut self, tell: Tell<UpdateSummary>, _: &mut Self::Context) {
+        self.last = Instant::now();
+        self.seen.set(self.seen.get().max(tell.msg.version));
+        if tell.msg.version >= self.target {
+            actix::System::current().stop();
+        }
+    }
+}
+
+/// Runs `cfg` on the actix host, in a system of its own, until the core
+/// published every step or nothing moved for `stall`.
+pub fn run_on_actix(cfg: &EmbeddedConfig, stall: Duration) -> Result<LiveReport, LiveRunError> {
+    use actix::Actor as _;
+    let target = cfg.sched.target_steps;
+    let (seen, stalled) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(false)));
+    let sys = actix::System::new();
+    let cluster = sys.block_on(async {
+        let finisher = Finisher {
+            target,
+            stall,
+            last: Instant::now(),
+            seen: seen.clone(),
+            stalled: stalled.clone(),
+        }
+        .start();
+        let gyre = ActixGyre::new(NodeId(0), cfg.seed);
+        start_on_actix(&gyre, cfg, Some(finisher.recipient()))
+    })?;
+    sys.run()?;
+    if stalled.get() {
+        return Err(LiveRunError::Stalled {
+            secs: stall.as_secs(),
+            steps: seen.get(),
+            target,
+        });
+    }
+    Ok(cluster.report())
 }

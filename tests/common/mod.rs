@@ -119,3 +119,13 @@ pub fn tiny_qwen3() -> gyre_gpu::model::hf::HfConfig {
         eos_token_ids: vec![5],
     }
 }
+
+/// The `version` of each update in a run's JSON report, in order.
+pub fn versions(report: &serde_json::Value) -> Vec<u64> {
+    report["updates"]
+        .as_array()
+        .expect("a report with updates")
+        .iter()
+        .map(|u| u["version"].as_u64().expect("a version"))
+        .collect()
+}

@@ -26,4 +26,10 @@ pub enum SchedMsg {
     /// From the buffer: these executions of a formed group are surplus
     /// (over-sampling); cancel those that are still queued or running.
     Surplus { execs: Vec<ExecId> },
+    /// From an operator (a user's actor): accept no new executions until
+    /// `ResumeDispatch`; what the dispatch rule releases meanwhile is held.
+    /// Executions already accepted run on.
+    PauseDispatch,
+    /// From an operator: accept again, first everything held while paused.
+    ResumeDispatch,
 }

@@ -173,6 +173,9 @@ pub struct Scheduler {
     /// The pool's rejoin, while its node is lost.
     pool_switch: Option<SwitchId>,
     log: SchedLog,
+    /// Executions the dispatch rule released while an operator paused
+    /// dispatch (`Some` while paused).
+    held: Option<u64>,
 }
 
 impl Scheduler {
@@ -227,6 +230,7 @@ impl Scheduler {
             group_switched: BTreeSet::new(),
             pool_switch: None,
             log: SchedLog::default(),
+            held: None,
             peers: None,
             reject_retry: RejectRetry::default(),
             cfg,
@@ -263,6 +267,11 @@ impl Scheduler {
     pub fn published(&self) -> Version {
         self.published
     }
+    /// Whether an operator paused dispatch.
+    pub fn dispatch_paused(&self) -> bool {
+        self.held.is_some()
+    }
+
     pub fn steps_done(&self) -> u64 {
         self.steps_done
     }
@@ -469,6 +478,16 @@ impl Actor for Scheduler {
             SchedMsg::StepDone { step } => self.on_step_done(step, cx),
             SchedMsg::Published { step, version } => self.on_published(step, version, cx),
             SchedMsg::Surplus { execs } => self.cancel_surplus(&execs, cx),
+            SchedMsg::PauseDispatch => {
+                self.held.get_or_insert(0);
+            }
+            SchedMsg::ResumeDispatch => {
+                if let Some(n) = self.held.take() {
+                    self.dispatch(n, cx);
+                    self.launch(cx);
+                    self.try_transition(cx);
+                }
+            }
         }
     }
 

@@ -23,6 +23,10 @@ use crate::sched::proxy::ProxyMsg;
 impl Scheduler {
     /// Accepts `n` executions into the rollout queue (d += n).
     pub(super) fn dispatch(&mut self, n: u64, cx: &mut Cx<'_, Self>) {
+        if let Some(held) = &mut self.held {
+            *held += n;
+            return;
+        }
         let Some(peers) = &self.peers else {
             return;
         };
