@@ -12,6 +12,9 @@
 use gyre_runtime::{MILLIS, Nanos, SECS};
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
+use crate::replay::ReplayWorkload;
 use crate::workload::WorkloadModel;
 
 /// An inclusive range to draw from uniformly (bounds swapped if reversed).
@@ -107,6 +110,11 @@ pub struct TrainerCosts {
     /// Nanoseconds per KiB over the links between cells.
     #[serde(default)]
     pub collective_ns_per_kib: Nanos,
+    /// The reduce costs `reduce` once, whatever the members (a recorded
+    /// run's, whose reduce summed the deposited gradients in one place);
+    /// off, `reduce` per member.
+    #[serde(default)]
+    pub reduce_once: bool,
 }
 
 /// What the simulated harness does with each execution.
@@ -160,6 +168,10 @@ pub struct Costs {
     /// `workload` (whose call-timeout settings still apply).
     #[serde(default)]
     pub model: Option<WorkloadModel>,
+    /// A recorded run's workload (`gyre simulate --replay`); when set the
+    /// harness, the engines and the evaluator follow it.
+    #[serde(skip)]
+    pub replay: Option<Arc<ReplayWorkload>>,
 }
 
 impl Default for Costs {
@@ -203,6 +215,7 @@ impl Default for Costs {
                 per_micro_step: 0,
                 collective_bytes: 0,
                 collective_ns_per_kib: 0,
+                reduce_once: false,
             },
             workload: Workload {
                 calls: Span::new(1, 4),
@@ -222,6 +235,7 @@ impl Default for Costs {
             },
             kv_bytes_per_token: 64 << 10,
             model: None,
+            replay: None,
         }
     }
 }

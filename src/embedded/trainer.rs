@@ -30,9 +30,10 @@ use gyre_gpu::trainer::{
     GradBuffer, Loss, MicroReport, MicroStep, ObjectiveConfig, RowChunk, TrainRow, Trainer,
     UpdateReport,
 };
-use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient, get_decoded};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, Nanos, Recipient, get_decoded};
 use serde::{Deserialize, Serialize};
 
+use super::journal::Journal;
 use super::shared::{Shared, TrainerHandle, lock};
 use super::work::{Serial, Work};
 
@@ -143,6 +144,10 @@ pub struct TrainerWorker {
     stats: TrainerStats,
     /// Hears every optimizer update this worker makes (a user's monitor).
     observer: Option<Recipient<UpdateSummary>>,
+    /// `gyre train --record`: where each operation is written, and when
+    /// the running one began.
+    journal: Option<Journal>,
+    began: Nanos,
 }
 
 impl std::fmt::Debug for TrainerWorker {
@@ -171,7 +176,15 @@ impl TrainerWorker {
             jobs: Serial::default(),
             stats: TrainerStats::default(),
             observer: None,
+            journal: None,
+            began: 0,
         }
+    }
+
+    /// Writes every operation to `journal` (`gyre train --record`).
+    pub fn with_journal(mut self, journal: Option<Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 
     /// Reports each update to `observer` as it is published, so an
@@ -220,6 +233,7 @@ impl TrainerWorker {
                 return self.next(cx);
             }
         }
+        self.began = cx.now();
         self.jobs.begin(req);
     }
 
@@ -328,6 +342,18 @@ impl TrainerWorker {
         result: Result<Finished, IoError>,
         cx: &mut Cx<'_, Self>,
     ) {
+        if let Some(j) = &self.journal {
+            let (step, tokens) = match &req {
+                TrainerReq::FwdBwd { mstep, tokens, .. } => (Some(mstep.step), Some(*tokens)),
+                TrainerReq::Warmup { step, .. }
+                | TrainerReq::Drain { step, .. }
+                | TrainerReq::Reduce { step, .. }
+                | TrainerReq::Update { step, .. } => (Some(*step), None),
+                _ => (None, None),
+            };
+            let kind = format!("trainer.{}", op_name(&req));
+            j.op(Some(self.cell), &kind, self.began, cx.now(), step, tokens);
+        }
         let ok = match result {
             Ok(f) => Some(f),
             Err(e) => {
