@@ -250,19 +250,37 @@ impl Recording {
     }
 }
 
-/// Parses one line, naming the field a refusal is about.
+/// Parses one line, naming the field a refusal is about: the kind is read
+/// first, then the line as that kind's struct, so the path of a bad field
+/// survives (`calls[2].prompt_tokens`).
 fn parse_line(n: usize, text: &str) -> Result<Line, RecordError> {
-    let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize::<_, Line>(de).map_err(|e| {
+    let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| RecordError::Line {
+        line: n,
+        message: e.to_string(),
+    })?;
+    let kind = match v.as_object_mut().and_then(|o| o.remove("kind")) {
+        Some(serde_json::Value::String(k)) => k,
+        _ => return Err(field(n, "kind", "missing, or not a string")),
+    };
+    Ok(match kind.as_str() {
+        "header" => Line::Header(Box::new(typed(n, v)?)),
+        "execution" => Line::Execution(typed(n, v)?),
+        "op" => Line::Op(typed(n, v)?),
+        "switch" => Line::Switch(typed(n, v)?),
+        "step" => Line::Step(typed(n, v)?),
+        other => return Err(field(n, "kind", format!("unknown kind `{other}`"))),
+    })
+}
+
+fn typed<T: serde::de::DeserializeOwned>(n: usize, v: serde_json::Value) -> Result<T, RecordError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        let message = inner.to_string();
-        // An unknown field is named by serde itself; the path names the
-        // rest (`calls[2].prompt_tokens`).
-        let name = if path == "." {
-            unknown_field(&message).unwrap_or_else(|| "kind".to_owned())
-        } else {
-            path
+        let message = e.into_inner().to_string();
+        // An unknown field is named by serde itself.
+        let name = match (path.as_str(), unknown_field(&message)) {
+            (_, Some(f)) => f,
+            (".", None) => "line".to_owned(),
+            _ => path,
         };
         field(n, name, message)
     })
