@@ -12,6 +12,9 @@
 use gyre_runtime::{MILLIS, Nanos, SECS};
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
+use crate::replay::ReplayWorkload;
 use crate::workload::WorkloadModel;
 
 /// An inclusive range to draw from uniformly (bounds swapped if reversed).
@@ -111,6 +114,11 @@ pub struct TrainerCosts {
     /// state to stable storage, fsync, rename): the modelled I/O effect.
     #[serde(default)]
     pub checkpoint: Nanos,
+    /// The reduce costs `reduce` once, whatever the members (a recorded
+    /// run's, whose reduce summed the deposited gradients in one place);
+    /// off, `reduce` per member.
+    #[serde(default)]
+    pub reduce_once: bool,
 }
 
 /// What the simulated harness does with each execution.
@@ -164,6 +172,10 @@ pub struct Costs {
     /// `workload` (whose call-timeout settings still apply).
     #[serde(default)]
     pub model: Option<WorkloadModel>,
+    /// A recorded run's workload (`gyre simulate --replay`); when set the
+    /// harness, the engines and the evaluator follow it.
+    #[serde(skip)]
+    pub replay: Option<Arc<ReplayWorkload>>,
 }
 
 impl Default for Costs {
@@ -209,6 +221,7 @@ impl Default for Costs {
                 collective_ns_per_kib: 0,
                 // 8 GiB of weights and 16 GiB of Adam moments at ~2 GB/s.
                 checkpoint: 12 * SECS,
+                reduce_once: false,
             },
             workload: Workload {
                 calls: Span::new(1, 4),
@@ -228,6 +241,7 @@ impl Default for Costs {
             },
             kv_bytes_per_token: 64 << 10,
             model: None,
+            replay: None,
         }
     }
 }

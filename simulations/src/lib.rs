@@ -16,13 +16,16 @@
 //! The simulation lab builds on them:
 //! - [`workload`]: the calibrated workload model and its profile;
 //! - [`scenario`]: the published scenarios as editable TOML files;
-//! - [`lab`]: policy comparisons, reports and plots (`gyre simulate`).
+//! - [`lab`]: policy comparisons, reports and plots (`gyre simulate`);
+//! - [`replay`]: a recorded run's workload and costs driving the simulated
+//!   cluster, compared step by step (`gyre simulate --replay`).
 
 pub mod backends;
 pub mod checker;
 pub mod costs;
 pub mod lab;
 pub mod random;
+pub mod replay;
 pub mod run;
 pub mod scenario;
 pub mod swarm;

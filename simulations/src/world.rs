@@ -90,7 +90,10 @@ impl SimBackends {
         if e.load_capacity == 0 {
             e.load_capacity = slots;
         }
-        let engine = SimEngine::new(ix, e);
+        let mut engine = SimEngine::new(ix, e);
+        if let Some(r) = &self.cfg.costs.replay {
+            engine = engine.replaying(r.clone());
+        }
         match self.cfg.mutation {
             Some(Mutation::EngineIgnoresRepeats) => engine.ignoring_repeats(),
             _ => engine,
@@ -136,6 +139,9 @@ impl BackendFactory for SimBackends {
 
     fn harness(&mut self) -> Result<SimHarness, ConfigError> {
         let costs = &self.cfg.costs;
+        if let Some(r) = &costs.replay {
+            return Ok(SimHarness::replaying(costs.workload.clone(), r.clone()));
+        }
         Ok(match &costs.model {
             Some(model) => SimHarness::calibrated(
                 costs.workload.clone(),
@@ -147,7 +153,11 @@ impl BackendFactory for SimBackends {
     }
 
     fn evaluator(&mut self) -> Result<SimEvaluator, ConfigError> {
-        Ok(SimEvaluator::new(self.cfg.costs.eval.clone()))
+        let e = SimEvaluator::new(self.cfg.costs.eval.clone());
+        Ok(match &self.cfg.costs.replay {
+            Some(r) => e.replaying(r.clone()),
+            None => e,
+        })
     }
 
     fn kv_bytes_per_token(&self) -> u64 {

@@ -82,11 +82,19 @@ pub struct SimulateArgs {
     /// fails naming the seeds to replay.
     #[arg(long, value_name = "N")]
     pub swarm: Option<u64>,
+    /// Replay a run recorded by `gyre train --record`: the simulated
+    /// cluster driven by its workload and costs, step times and role
+    /// changes side by side (`--plots DIR`: replay_timeline.svg).
+    #[arg(long, value_name = "RUN.jsonl")]
+    pub replay: Option<PathBuf>,
 }
 
 pub fn run(args: SimulateArgs) -> Result<()> {
     if let Some(n) = args.swarm {
         return swarm(n, args.seed);
+    }
+    if let Some(path) = &args.replay {
+        return replay(path, &args);
     }
     let mut sc = scenario::load(&args.scenario)
         .and_then(|s| s.scaled(args.scale))
@@ -224,6 +232,28 @@ fn print_profile(sc: &Scenario, args: &SimulateArgs) -> Result<()> {
             &dir.join("durations.svg"),
         )?;
     }
+    Ok(())
+}
+
+/// `gyre simulate --replay RUN.jsonl`.
+fn replay(path: &std::path::Path, args: &SimulateArgs) -> Result<()> {
+    use gyre_simulations::replay;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let rec = replay::read(std::io::BufReader::new(file))
+        .with_context(|| format!("record {}", path.display()))?;
+    let started = Instant::now();
+    let report = replay::replay(&rec).with_context(|| format!("replaying {}", path.display()))?;
+    let wall = started.elapsed().as_secs_f64();
+    if let Some(dir) = &args.plots {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        replay::plot::draw(&report, &dir.join("replay_timeline.svg"))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", replay::run::table(&report));
+    }
+    eprintln!("replayed in {wall:.2} s wall");
     Ok(())
 }
 

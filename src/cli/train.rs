@@ -10,6 +10,7 @@ use crate::cluster::head::{ClusterOptions, run_cluster as run_cluster_processes}
 use crate::cluster::placement::Launch;
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::live::{LiveReport, run_live};
+use crate::embedded::record::{run_live_recorded, run_recorded};
 use crate::embedded::run::{TrainReport, run as run_cluster};
 use crate::embedded::serve::{ServeFleet, ServeOptions, run_live_serve, run_serve};
 use std::net::SocketAddr;
@@ -120,6 +121,12 @@ pub struct TrainArgs {
     /// apply on top of its `[train]`.
     #[arg(long, conflicts_with_all = ["gateway_listen", "config", "print_config"])]
     pub job: Option<PathBuf>,
+    /// Write what the run did (executions and their calls, backend
+    /// operations, role switches, steps) to this JSON-lines file, for
+    /// `gyre simulate --replay` (README "Record and replay"). Embedded
+    /// engines, `--host sim` or `live`.
+    #[arg(long, value_name = "RUN.jsonl")]
+    pub record: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -268,10 +275,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
         });
         return Ok(());
     }
+    if args.record.is_some() && (sglang || external || args.cluster.is_some()) {
+        bail!("--record works with the embedded engines in one process (--host sim or live)");
+    }
     if sglang && args.host == HostKind::Actix {
         bail!("--engines serve / --engine-urls run on the simulator and live hosts only");
     }
     if args.host == HostKind::Actix {
+        if args.record.is_some() {
+            bail!("--record works with --host sim or live, not actix");
+        }
         let report = run_actix(&cfg)?;
         show(bar, serde_json::to_string_pretty(&report)?, &|| {
             print_live(&report)
@@ -279,8 +292,17 @@ pub fn run(args: TrainArgs) -> Result<()> {
         return Ok(());
     }
     if args.host == HostKind::Live && !sglang {
-        let report =
-            run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?;
+        let report = match &args.record {
+            Some(path) => {
+                let (report, rec) = run_live_recorded(&cfg, LIVE_STALL, &mut progress)
+                    .context("live embedded training run")?;
+                write_record(&rec, path)?;
+                report
+            }
+            None => {
+                run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?
+            }
+        };
         show(bar, serde_json::to_string_pretty(&report)?, &|| {
             print_live(&report)
         });
@@ -306,6 +328,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
         run_serve(&cfg, urls, &opts, &mut progress)
             .context("training with SGLang engines")?
             .1
+    } else if let Some(path) = &args.record {
+        let (report, rec) = run_recorded(&cfg, &mut progress).context("embedded training run")?;
+        write_record(&rec, path)?;
+        report
     } else {
         run_cluster(&cfg, &mut progress)
             .context("embedded training run")?
@@ -353,6 +379,20 @@ fn run_actix(_: &EmbeddedConfig) -> Result<LiveReport> {
     bail!(
         "--host actix: this gyre was built without the `actix` feature (cargo build --features actix)"
     )
+}
+
+fn write_record(rec: &gyre_simulations::replay::Recording, path: &std::path::Path) -> Result<()> {
+    crate::embedded::record::write(rec, path)
+        .with_context(|| format!("writing the record {}", path.display()))?;
+    eprintln!(
+        "recorded {} executions, {} operations, {} role switches, {} steps to {}",
+        rec.executions.len(),
+        rec.ops.len(),
+        rec.switches.len(),
+        rec.steps.len(),
+        path.display()
+    );
+    Ok(())
 }
 
 /// `local[:N]` / `slurm[:N]` as placement options.

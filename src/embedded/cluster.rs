@@ -30,6 +30,7 @@ use gyre_runtime::{Actor, Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, Reci
 use serde::{Deserialize, Serialize};
 
 use super::engine::{EngineWorker, TokenTap};
+use super::journal::Journal;
 use super::memory::MemoryWorker;
 use super::shared::{EngineHandle, Shared, TrainerHandle, lock};
 use super::task::{EvaluatorWorker, HarnessWorker, TaskConfig, TaskConfigError, Workspaces};
@@ -364,6 +365,7 @@ pub struct BuiltInTask {
     cfg: TaskConfig,
     workspaces: Arc<Workspaces>,
     seed: u64,
+    journal: Option<Journal>,
 }
 
 impl BuiltInTask {
@@ -374,7 +376,14 @@ impl BuiltInTask {
             cfg: cfg.task.clone(),
             workspaces,
             seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
+            journal: None,
         }
+    }
+
+    /// Its harness and evaluator write to `journal` (`gyre train --record`).
+    pub fn with_journal(mut self, journal: Option<Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 }
 
@@ -383,20 +392,17 @@ impl TaskBackends for BuiltInTask {
     type Evaluator = EvaluatorWorker;
 
     fn harness(&mut self, shared: &Shared) -> Result<HarnessWorker, BuildError> {
-        Ok(HarnessWorker::new(
-            self.cfg.clone(),
-            shared,
-            self.workspaces.clone(),
-            self.seed,
-        )?)
+        Ok(
+            HarnessWorker::new(self.cfg.clone(), shared, self.workspaces.clone(), self.seed)?
+                .with_journal(self.journal.clone()),
+        )
     }
 
     fn evaluator(&mut self) -> Result<EvaluatorWorker, BuildError> {
-        Ok(EvaluatorWorker::new(
-            self.cfg.clone(),
-            self.workspaces.clone(),
-            self.seed,
-        )?)
+        Ok(
+            EvaluatorWorker::new(self.cfg.clone(), self.workspaces.clone(), self.seed)?
+                .with_journal(self.journal.clone()),
+        )
     }
 }
 
@@ -412,6 +418,9 @@ pub struct EmbeddedBackends<T: TaskBackends = BuiltInTask> {
     engine_handles: Vec<EngineHandle>,
     trainer_handles: Vec<TrainerHandle>,
     observer: Option<Recipient<UpdateSummary>>,
+    /// `gyre train --record`: the engines, trainers and device memories
+    /// write to it.
+    journal: Option<Journal>,
 }
 
 impl EmbeddedBackends {
@@ -457,6 +466,7 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
             engine_handles: Vec::new(),
             trainer_handles: Vec::new(),
             observer,
+            journal: None,
         })
     }
 
@@ -486,7 +496,8 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
     }
 
     fn engine_worker(&self, ix: EngineIx, handle: EngineHandle, seed: u64) -> EngineWorker {
-        let w = EngineWorker::new(ix, handle, self.shared.clone(), seed);
+        let w = EngineWorker::new(ix, handle, self.shared.clone(), seed)
+            .with_journal(self.journal.clone());
         match self.task.token_tap() {
             Some(tap) => w.with_tap(tap),
             None => w,
@@ -536,11 +547,13 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
         };
         let trainer = TrainerWorker::new(c, th.clone(), self.shared.clone(), self.cfg.objective)
             .with_observer(self.observer)
-            .with_checkpoint(checkpoint);
+            .with_checkpoint(checkpoint)
+            .with_journal(self.journal.clone());
         let memory = match engine {
             Some(eh) => MemoryWorker::new(eh, th.clone()),
             None => MemoryWorker::training_only(th.clone()),
-        };
+        }
+        .with_journal(c, self.journal.clone());
         self.trainer_handles.push(th);
         Ok((trainer, memory))
     }
@@ -578,7 +591,7 @@ impl<T: TaskBackends> BackendFactory for EmbeddedBackends<T> {
     }
 
     fn transfer(&mut self) -> Result<TransferWorker, BuildError> {
-        Ok(TransferWorker::new(self.shared.clone()))
+        Ok(TransferWorker::new(self.shared.clone()).with_journal(self.journal.clone()))
     }
 
     fn harness(&mut self) -> Result<T::Harness, BuildError> {
@@ -615,6 +628,20 @@ pub fn assemble_observed<H: Host>(
     let workspaces = Arc::new(Workspaces::new());
     let task = BuiltInTask::new(cfg, workspaces.clone());
     assemble_with(host, cfg, observer, task, workspaces)
+}
+
+/// [`assemble`], with every backend writing what it does to `journal`
+/// (`gyre train --record`; `None`: exactly [`assemble`]).
+pub fn assemble_journaled<H: Host>(
+    host: &mut H,
+    cfg: &EmbeddedConfig,
+    journal: Option<Journal>,
+) -> Result<Assembled, BuildError> {
+    let workspaces = Arc::new(Workspaces::new());
+    let task = BuiltInTask::new(cfg, workspaces.clone()).with_journal(journal.clone());
+    let mut factory = EmbeddedBackends::in_process(cfg, task, None)?;
+    factory.journal = journal;
+    assemble_from(host, cfg, &mut factory, workspaces, |f| f)
 }
 
 /// [`assemble_observed`] with the harness and evaluator backends of

@@ -14,7 +14,8 @@ use gyre_runtime::live::{LiveConfig, LiveNode};
 use gyre_runtime::{Actor, Addr, NodeId};
 use serde::Serialize;
 
-use super::cluster::{Assembled, BuildError, EmbeddedConfig, assemble};
+use super::cluster::{Assembled, BuildError, EmbeddedConfig, assemble_journaled};
+use super::journal::Journal;
 use super::run::{VersionReward, rewards};
 use super::shared::lock;
 use super::trainer::UpdateSummary;
@@ -66,10 +67,21 @@ pub fn run_live(
     stall: Duration,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<LiveReport, LiveRunError> {
+    run_live_journaled(cfg, stall, progress, None)
+}
+
+/// [`run_live`], with every backend writing what it does to `journal`
+/// (`gyre train --host live --record`).
+pub fn run_live_journaled(
+    cfg: &EmbeddedConfig,
+    stall: Duration,
+    progress: &mut dyn FnMut(u64, u64),
+    journal: Option<Journal>,
+) -> Result<LiveReport, LiveRunError> {
     on_live_node(
         cfg,
         |node| {
-            let parts = assemble(&mut OnLiveNode(node), cfg)?;
+            let parts = assemble_journaled(&mut OnLiveNode(node), cfg, journal)?;
             let handles = parts.backends.engine_handles.clone();
             let target = cfg.sched.target_steps;
             let serving = move || {

@@ -11,9 +11,10 @@
 
 use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
 use gyre_gpu::engine::MemTag;
-use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
+use crate::embedded::journal::Journal;
 use crate::embedded::shared::{EngineHandle, TrainerHandle, lock};
 use crate::embedded::work::{Serial, Work};
 
@@ -72,6 +73,10 @@ pub struct MemoryWorker {
     trainer: TrainerHandle,
     jobs: Serial<Op>,
     stats: MemoryStats,
+    /// `gyre train --record`: the cell, where each operation is written,
+    /// and when the running one began.
+    journal: Option<(u32, Journal)>,
+    began: Nanos,
 }
 
 impl MemoryWorker {
@@ -81,7 +86,15 @@ impl MemoryWorker {
             trainer,
             jobs: Serial::default(),
             stats: MemoryStats::default(),
+            journal: None,
+            began: 0,
         }
+    }
+
+    /// Writes every release and restore of cell `cell` to `journal`.
+    pub fn with_journal(mut self, cell: u32, journal: Option<Journal>) -> Self {
+        self.journal = journal.map(|j| (cell, j));
+        self
     }
 
     /// A cell whose rollout memory is its server's: releasing or restoring
@@ -92,6 +105,8 @@ impl MemoryWorker {
             trainer,
             jobs: Serial::default(),
             stats: MemoryStats::default(),
+            journal: None,
+            began: 0,
         }
     }
 
@@ -104,6 +119,7 @@ impl MemoryWorker {
             return;
         };
         self.jobs.begin(op);
+        self.began = cx.now();
         let engine = self.engine.clone();
         let trainer = self.trainer.clone();
         let kind = if op.restore {
@@ -150,6 +166,15 @@ impl Actor for MemoryWorker {
                     return;
                 };
                 let role = op.role;
+                if let Some((cell, j)) = &self.journal {
+                    let kind = match (op.restore, role) {
+                        (false, MemRole::Rollout) => "memory.release_rollout",
+                        (false, MemRole::Training) => "memory.release_training",
+                        (true, MemRole::Rollout) => "memory.restore_rollout",
+                        (true, MemRole::Training) => "memory.restore_training",
+                    };
+                    j.op(Some(*cell), kind, self.began, cx.now(), None, None);
+                }
                 let event = match result {
                     Ok(_) if op.restore => {
                         self.stats.restores += 1;

@@ -34,9 +34,10 @@ use gyre_gpu::trainer::{
     GradBuffer, Loss, MicroReport, MicroStep, ObjectiveConfig, RowChunk, TrainRow, Trainer,
     UpdateReport,
 };
-use gyre_runtime::{Actor, ActorId, Cx, IoError, Recipient, get_decoded};
+use gyre_runtime::{Actor, ActorId, Cx, IoError, Nanos, Recipient, get_decoded};
 use serde::{Deserialize, Serialize};
 
+use super::journal::Journal;
 use super::shared::{Shared, TrainerHandle, lock};
 use super::work::{Serial, Work};
 
@@ -156,6 +157,10 @@ pub struct TrainerWorker {
     observer: Option<Recipient<UpdateSummary>>,
     /// Where the core writes its durable checkpoint.
     checkpoint: Option<PathBuf>,
+    /// `gyre train --record`: where each operation is written, and when
+    /// the running one began.
+    journal: Option<Journal>,
+    began: Nanos,
 }
 
 impl std::fmt::Debug for TrainerWorker {
@@ -185,6 +190,8 @@ impl TrainerWorker {
             stats: TrainerStats::default(),
             observer: None,
             checkpoint: None,
+            journal: None,
+            began: 0,
         }
     }
 
@@ -192,6 +199,12 @@ impl TrainerWorker {
     /// request fails, and is logged as an error).
     pub fn with_checkpoint(mut self, path: Option<PathBuf>) -> Self {
         self.checkpoint = path;
+        self
+    }
+
+    /// Writes every operation to `journal` (`gyre train --record`).
+    pub fn with_journal(mut self, journal: Option<Journal>) -> Self {
+        self.journal = journal;
         self
     }
 
@@ -253,6 +266,7 @@ impl TrainerWorker {
                 cx.io(self.write_checkpoint(step), done)
             }
         }
+        self.began = cx.now();
         self.jobs.begin(req);
     }
 
@@ -371,6 +385,18 @@ impl TrainerWorker {
         result: Result<Finished, IoError>,
         cx: &mut Cx<'_, Self>,
     ) {
+        if let Some(j) = &self.journal {
+            let (step, tokens) = match &req {
+                TrainerReq::FwdBwd { mstep, tokens, .. } => (Some(mstep.step), Some(*tokens)),
+                TrainerReq::Warmup { step, .. }
+                | TrainerReq::Drain { step, .. }
+                | TrainerReq::Reduce { step, .. }
+                | TrainerReq::Update { step, .. } => (Some(*step), None),
+                _ => (None, None),
+            };
+            let kind = format!("trainer.{}", op_name(&req));
+            j.op(Some(self.cell), &kind, self.began, cx.now(), step, tokens);
+        }
         let ok = match result {
             Ok(f) => Some(f),
             Err(e) => {

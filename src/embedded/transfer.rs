@@ -19,6 +19,7 @@ use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, Trans
 use gyre_runtime::{Actor, ActorId, Cx, IoError, MILLIS, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
+use crate::embedded::journal::Journal;
 use crate::embedded::shared::{Shared, WeightStore};
 use crate::embedded::work::{Serial, Work};
 
@@ -76,6 +77,10 @@ pub struct TransferWorker {
     waiting: BTreeMap<u64, Op>,
     next_timer: u64,
     stats: TransferStats,
+    /// `gyre train --record`: where each job is written, and when the one
+    /// in flight began.
+    journal: Option<Journal>,
+    began: Nanos,
 }
 
 /// `version`'s bytes on the board, or the newest ones when that version
@@ -98,7 +103,15 @@ impl TransferWorker {
             waiting: BTreeMap::new(),
             next_timer: 0,
             stats: TransferStats::default(),
+            journal: None,
+            began: 0,
         }
+    }
+
+    /// Writes every read, exposure and publication to `journal`.
+    pub fn with_journal(mut self, journal: Option<Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 
     pub fn stats(&self) -> TransferStats {
@@ -110,6 +123,7 @@ impl TransferWorker {
             return;
         };
         self.jobs.begin(op);
+        self.began = cx.now();
         let s = self.shared.clone();
         let missing = |what: String| Err(format!("{what} is not on its board"));
         match op {
@@ -149,6 +163,14 @@ impl TransferWorker {
     }
 
     fn done(&mut self, op: Op, result: Result<u64, IoError>, cx: &mut Cx<'_, Self>) {
+        if let Some(j) = &self.journal {
+            let kind = match op {
+                Op::Expose { .. } => "transfer.expose",
+                Op::Publish { .. } => "transfer.publish",
+                Op::Read { .. } => "transfer.read",
+            };
+            j.op(None, kind, self.began, cx.now(), None, None);
+        }
         if let Err(e) = &result {
             let retry = matches!(op, Op::Publish { tries, .. } if tries + 1 < PUBLISH_TRIES);
             if !retry {

@@ -22,6 +22,7 @@
 //! already done is answered at once.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
@@ -29,6 +30,7 @@ use gyre_runtime::{Actor, ActorId, BlobId, Cx, Recipient};
 use rustc_hash::FxHashMap;
 
 use crate::costs::EngineCosts;
+use crate::replay::ReplayWorkload;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum EngineTimer {
@@ -83,6 +85,9 @@ pub struct SimEngine {
     stats: EngineStats,
     /// The mutation check: an answered attempt is never answered again.
     ignore_repeats: bool,
+    /// A recorded run: each call takes its recorded service time and
+    /// output.
+    replay: Option<Arc<ReplayWorkload>>,
 }
 
 impl SimEngine {
@@ -102,7 +107,14 @@ impl SimEngine {
             control: None,
             stats: EngineStats::default(),
             ignore_repeats: false,
+            replay: None,
         }
+    }
+
+    /// Serves each call as the recorded run's engine did.
+    pub fn replaying(mut self, replay: Arc<ReplayWorkload>) -> Self {
+        self.replay = Some(replay);
+        self
     }
 
     /// Breaks the resend path on purpose (the swarm's mutation check,
@@ -190,12 +202,17 @@ impl Actor for SimEngine {
                 };
                 self.stats.cached_tokens += cached;
                 self.stats.prefilled_tokens += prompt_tokens - cached;
-                let output = self.costs.output_tokens.draw(cx.rng());
-                let base = self.costs.call_base.draw(cx.rng());
-                let work = base
-                    + (prompt_tokens - cached) * self.costs.prefill_per_token
-                    + output * self.costs.decode_per_token;
-                let service = self.loaded_time(work);
+                let (output, service) = match self.replay.as_ref().and_then(|r| r.call(call)) {
+                    Some(c) => (c.output_tokens, c.service),
+                    None => {
+                        let output = self.costs.output_tokens.draw(cx.rng());
+                        let base = self.costs.call_base.draw(cx.rng());
+                        let work = base
+                            + (prompt_tokens - cached) * self.costs.prefill_per_token
+                            + output * self.costs.decode_per_token;
+                        (output, self.loaded_time(work))
+                    }
+                };
                 self.inflight.insert(
                     call,
                     InFlight {

@@ -4,6 +4,7 @@
 //! under way and answered again once done (see [`super::answered`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gyre_actors::sched::ids::ExecId;
 use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq};
@@ -14,6 +15,7 @@ use gyre_actors::sched::retry::ReqKey;
 
 use super::answered::Answered;
 use crate::costs::EvalCosts;
+use crate::replay::ReplayWorkload;
 
 #[derive(Debug)]
 pub struct SimEvaluator {
@@ -22,6 +24,8 @@ pub struct SimEvaluator {
     pub scored: u64,
     pub failed: u64,
     answered: Answered<EvalEvent>,
+    /// A recorded run: each attempt fails as it did then.
+    replay: Option<Arc<ReplayWorkload>>,
 }
 
 impl SimEvaluator {
@@ -32,7 +36,14 @@ impl SimEvaluator {
             scored: 0,
             failed: 0,
             answered: Answered::default(),
+            replay: None,
         }
+    }
+
+    /// Evaluates as the recorded run did (latency, failed attempts).
+    pub fn replaying(mut self, replay: Arc<ReplayWorkload>) -> Self {
+        self.replay = Some(replay);
+        self
     }
 }
 
@@ -56,7 +67,10 @@ impl Actor for SimEvaluator {
             return cx.send(to, event);
         }
         self.pending.insert((exec, attempt), reply_to);
-        let t = self.costs.latency.draw(cx.rng());
+        let t = match &self.replay {
+            Some(r) => r.exec(exec).eval_latency,
+            None => self.costs.latency.draw(cx.rng()),
+        };
         cx.set_timer((exec, attempt), t);
     }
 
@@ -65,8 +79,16 @@ impl Actor for SimEvaluator {
             return;
         };
         let (exec, attempt) = key;
+        let replayed = self.replay.as_ref().map(|r| {
+            let failed = &r.exec(exec).eval_failed;
+            failed.get(attempt as usize).copied().unwrap_or(false)
+        });
         let rng = cx.rng();
-        let event = if rng.random_bool(self.costs.p_fail.clamp(0.0, 1.0)) {
+        let fails = match replayed {
+            Some(f) => f,
+            None => rng.random_bool(self.costs.p_fail.clamp(0.0, 1.0)),
+        };
+        let event = if fails {
             self.failed += 1;
             EvalEvent::Failed { exec, attempt }
         } else {

@@ -21,8 +21,10 @@ use gyre_runtime::rng::mix64;
 use gyre_runtime::{Actor, ActorId, BlobId, Cx, MILLIS, Nanos, Recipient, SECS};
 use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 use crate::costs::Workload;
+use crate::replay::{Outcome, ReplayWorkload};
 use crate::workload::calls::Context;
 use crate::workload::{Ending, WorkloadModel};
 
@@ -94,6 +96,8 @@ pub struct HarnessStats {
 enum Source {
     Simple(Workload),
     Model(Box<WorkloadModel>),
+    /// A recorded run's executions, call for call.
+    Replay(Arc<ReplayWorkload>),
 }
 
 #[derive(Debug)]
@@ -127,6 +131,15 @@ impl SimHarness {
         Self {
             source: Source::Model(Box::new(model)),
             query_seed,
+            ..Self::new(work)
+        }
+    }
+
+    /// A harness making the recorded run's calls, with its gaps and
+    /// endings; `work` keeps only its call-timeout settings.
+    pub fn replaying(work: Workload, replay: Arc<ReplayWorkload>) -> Self {
+        Self {
+            source: Source::Replay(replay),
             ..Self::new(work)
         }
     }
@@ -167,6 +180,10 @@ impl SimHarness {
                 // Exponential tool and think times around the run's mean.
                 let u: f64 = 1.0 - cx.rng().random::<f64>();
                 (-u.ln() * run.gap * SECS as f64) as Nanos
+            }
+            Source::Replay(r) => {
+                let call = CallId { exec, seq: run.seq };
+                r.call(call).map_or(0, |c| c.gap)
             }
         };
         let t = match run.deadline {
@@ -273,6 +290,21 @@ impl SimHarness {
                     }
                 };
             }
+            Source::Replay(r) => {
+                let e = r.exec(exec);
+                run.calls_left = e.calls.len() as u32;
+                run.outcome = match e.outcome {
+                    Outcome::Completed => HarnessOutcome::Completed,
+                    Outcome::HarnessTimeout => HarnessOutcome::HarnessTimeout,
+                    Outcome::Failed => HarnessOutcome::Failed { complete: false },
+                    Outcome::FailedComplete => HarnessOutcome::Failed { complete: true },
+                    Outcome::Aborted => {
+                        // Its execution ended it: it waits to be aborted.
+                        run.hangs = true;
+                        HarnessOutcome::Completed
+                    }
+                };
+            }
         }
         let calls = run.calls_left;
         self.runs.insert(exec, run);
@@ -308,6 +340,10 @@ impl SimHarness {
                 run.context.calls += 1;
                 run.context.tokens
             }
+            Source::Replay(r) => {
+                run.context.calls += 1;
+                r.call(call).map_or(run.context.tokens, |c| c.prompt_tokens)
+            }
         };
         let to = run.reply_to;
         self.stats.calls += 1;
@@ -328,7 +364,7 @@ impl SimHarness {
         let now = cx.now();
         let growth = match &self.source {
             Source::Simple(w) => w.growth.draw(cx.rng()),
-            Source::Model(_) => 0,
+            Source::Model(_) | Source::Replay(_) => 0,
         };
         let Some(run) = self.runs.get_mut(&call.exec) else {
             self.stats.stray_answers += 1;

@@ -139,7 +139,12 @@ impl SimTrainer {
             TrainerReq::Reduce { members, .. } => {
                 let k = f64::from((*members).max(1));
                 let ring = self.link_time(2.0 * (k - 1.0) / k * c.collective_bytes as f64);
-                c.reduce * u64::from((*members).max(1)) + ring as Nanos
+                let per = if c.reduce_once {
+                    1
+                } else {
+                    u64::from((*members).max(1))
+                };
+                c.reduce * per + ring as Nanos
             }
             TrainerReq::Update { .. } => c.update,
             TrainerReq::Broadcast { members, .. } => {

@@ -29,6 +29,7 @@ use super::calls::{self, CallBook, PromptRead, Recorded};
 use super::ops::{self, CallKey, JobOut, Stepped, Submit, Submitted, WeightsOutcome};
 use super::record;
 use super::tap::{Tapping, TokenTap};
+use crate::embedded::journal::Journal;
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 use crate::embedded::work::Work;
 
@@ -137,6 +138,10 @@ pub struct EngineWorker {
     /// their earlier attempts and the client's side writes the records.
     tap: Option<Arc<dyn TokenTap>>,
     stats: EngineStats,
+    /// `gyre train --record`: where attempts and unloads and loads are
+    /// written, and when the job in flight began.
+    journal: Option<Journal>,
+    began: Nanos,
 }
 
 impl EngineWorker {
@@ -166,7 +171,16 @@ impl EngineWorker {
             running: None,
             tap: None,
             stats: EngineStats::default(),
+            journal: None,
+            began: 0,
         }
+    }
+
+    /// Writes every call attempt it serves and every unload and load to
+    /// `journal` (`gyre train --record`).
+    pub fn with_journal(mut self, journal: Option<Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 
     /// Streams every sampled token to `tap` (see [`super::tap`]). The
@@ -212,6 +226,10 @@ impl EngineWorker {
         cx: &mut Cx<'_, Self>,
     ) {
         let (serving, blobs) = (self.is_serving(), self.shared.blobs.clone());
+        let fresh = serving && self.calls.get(&key).is_none();
+        if let (true, Some(j)) = (fresh, &self.journal) {
+            j.attempt(key.call);
+        }
         let ext = InEngine::default();
         let read = move |prompt| EngineWorkerMsg::Prompt { key, prompt };
         let stats = &mut self.stats;
@@ -250,6 +268,9 @@ impl EngineWorker {
         version: Version,
         cx: &mut Cx<'_, Self>,
     ) {
+        if let Some(j) = &self.journal {
+            j.served(key.call, self.ix, live.start_ns, cx.now());
+        }
         if self.tap.is_some() {
             // The tap's owner records the call (every token went there).
             let output_tokens = (live.ext.resumed + output.len()) as u64;
@@ -318,10 +339,27 @@ impl EngineWorker {
         let engine = self.engine.clone();
         let shared = self.shared.clone();
         self.running = Some(running);
+        self.began = cx.now();
         cx.io(
             Work::new(kind, move || Ok(job(&mut lock(&engine), &shared))),
             EngineWorkerMsg::Job,
         );
+    }
+
+    /// An unload or load of a cell's engine, for the record.
+    fn journal_control(&self, running: &Running, now: Nanos) {
+        let (Some(j), EngineIx::Cell(cell)) = (&self.journal, self.ix) else {
+            return;
+        };
+        let kind = match running {
+            Running::Control { q, .. } => match q.op {
+                Control::Unload { .. } => "engine.unload",
+                Control::Load { .. } => "engine.load",
+                _ => return,
+            },
+            Running::Step { .. } => return,
+        };
+        j.op(Some(cell), kind, self.began, now, None, None);
     }
 
     fn issue_step(&mut self, cx: &mut Cx<'_, Self>) {
@@ -724,6 +762,7 @@ impl Actor for EngineWorker {
                     self.stats.errors += 1;
                     return;
                 };
+                self.journal_control(&running, cx.now());
                 match (running, result) {
                     (Running::Step { .. }, Ok(JobOut::Stepped(s))) => self.stepped(s, cx),
                     (Running::Control { q, calls }, Ok(out)) => self.controlled(q, calls, out, cx),

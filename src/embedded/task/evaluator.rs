@@ -16,6 +16,7 @@ use gyre_runtime::{Actor, ActorId, Cx};
 
 use super::spec::{TaskConfig, TaskConfigError, unit_draw};
 use super::workspace::{TaskStats, Workspaces};
+use crate::embedded::journal::Journal;
 
 /// Keeps the evaluator's draws apart from the harness's under one seed.
 const SALT: u64 = 0x6576_616c; // "eval"
@@ -26,6 +27,8 @@ pub struct EvaluatorWorker {
     cfg: TaskConfig,
     seed: u64,
     board: Arc<Workspaces>,
+    /// `gyre train --record`: where every attempt is written.
+    journal: Option<Journal>,
 }
 
 impl EvaluatorWorker {
@@ -39,7 +42,14 @@ impl EvaluatorWorker {
             cfg,
             seed: mix64(seed ^ SALT),
             board,
+            journal: None,
         })
+    }
+
+    /// Writes every evaluation attempt to `journal`.
+    pub fn with_journal(mut self, journal: Option<Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 
     pub fn stats(&self) -> TaskStats {
@@ -57,15 +67,23 @@ impl Actor for EvaluatorWorker {
             attempt,
             reply_to,
         } = msg;
+        let note = |ok: bool| {
+            if let Some(j) = &self.journal {
+                j.evaluated(exec, cx.now(), 0, ok);
+            }
+        };
         let Some(ws) = self.board.get(exec) else {
+            note(false);
             self.board.count(|s| s.eval_missing += 1);
             tracing::debug!(?exec, attempt, "no workspace to score");
             return cx.send(reply_to, EvalEvent::Failed { exec, attempt });
         };
         if unit_draw(self.seed, exec.0, u64::from(attempt)) < self.cfg.eval_failure_rate {
+            note(false);
             self.board.count(|s| s.eval_failures += 1);
             return cx.send(reply_to, EvalEvent::Failed { exec, attempt });
         }
+        note(true);
         let reward = ws.reward(&self.cfg);
         self.board.scored(exec, reward, ws.version());
         cx.send(

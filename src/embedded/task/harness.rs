@@ -24,6 +24,7 @@ use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, Recipient, get_decoded
 use super::context::{Context, stop_tokens};
 use super::spec::{TOOL_OK, TOOL_RETRY, TaskConfig, TaskConfigError, target, unit_draw};
 use super::workspace::{CallNote, TaskStats, Workspace, Workspaces};
+use crate::embedded::journal::Journal;
 use crate::embedded::shared::Shared;
 
 /// Thread name of the main agent.
@@ -73,6 +74,8 @@ pub struct HarnessWorker {
     blobs: Arc<dyn BlobStore>,
     board: Arc<Workspaces>,
     runs: BTreeMap<ExecId, Run>,
+    /// `gyre train --record`: where every run and call is written.
+    journal: Option<Journal>,
 }
 
 impl HarnessWorker {
@@ -92,7 +95,14 @@ impl HarnessWorker {
             blobs: shared.blobs.clone(),
             board,
             runs: BTreeMap::new(),
+            journal: None,
         })
+    }
+
+    /// Writes every run's start, calls and end to `journal`.
+    pub fn with_journal(mut self, journal: Option<Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 
     pub fn stats(&self) -> TaskStats {
@@ -121,6 +131,9 @@ impl HarnessWorker {
             return;
         }
         let query = self.cfg.query(group.0);
+        if let Some(j) = &self.journal {
+            j.begun(exec, group, cx.now());
+        }
         self.board.count(|s| s.begun += 1);
         self.runs.insert(
             exec,
@@ -230,6 +243,9 @@ impl HarnessWorker {
         });
         let to = run.reply_to;
         self.runs.insert(exec, run);
+        if let Some(j) = &self.journal {
+            j.called(call, u64::from(prompt_tokens), cx.now());
+        }
         cx.send(
             to,
             HarnessEvent::ModelCall {
@@ -262,6 +278,9 @@ impl HarnessWorker {
             hits = run.hits,
             "task run finished"
         );
+        if let Some(j) = &self.journal {
+            j.finished(exec, outcome, cx.now());
+        }
         self.board.preserve(
             exec,
             Workspace {
@@ -324,6 +343,9 @@ impl HarnessWorker {
                 return;
             }
         };
+        if let Some(j) = &self.journal {
+            j.answered(call, rec.output_ids.len() as u64, cx.now());
+        }
         let first = rec.output_ids.first().copied();
         run.notes.push(CallNote {
             seq: call.seq,
@@ -352,10 +374,13 @@ impl HarnessWorker {
         self.advance(exec, cx);
     }
 
-    fn abort(&mut self, exec: ExecId) {
+    fn abort(&mut self, exec: ExecId, cx: &mut Cx<'_, Self>) {
         let Some(mut run) = self.runs.remove(&exec) else {
             return;
         };
+        if let Some(j) = &self.journal {
+            j.aborted(exec, cx.now());
+        }
         if let Some(o) = run.outstanding.take() {
             self.blobs.release(o.prompt);
         }
@@ -376,7 +401,7 @@ impl Actor for HarnessWorker {
                 reply_to,
             } => self.begin(exec, group, reply_to, cx),
             HarnessReq::Answer { call, output, .. } => self.answer(call, output, cx),
-            HarnessReq::Abort { exec } => self.abort(exec),
+            HarnessReq::Abort { exec } => self.abort(exec, cx),
         }
     }
 }

@@ -1,0 +1,44 @@
+//! Record and replay: a recorded embedded run (`gyre train --record`)
+//! replayed in the simulator (`gyre simulate --replay`) gives the recorded
+//! step times within 10% and the same role changes per burst; recording
+//! changes nothing in the run.
+
+use gyre::embedded::cluster::EmbeddedConfig;
+use gyre::embedded::record::run_recorded;
+use gyre::embedded::run::run;
+use gyre_simulations::replay::{read, replay};
+
+#[test]
+fn a_recorded_run_replays_within_ten_percent_per_step_with_the_same_role_changes() {
+    let cfg = EmbeddedConfig::tiny(1).with_steps(6);
+    let (report, rec) = run_recorded(&cfg, &mut |_, _| {}).expect("the recorded run completes");
+    let (_, plain) = run(&cfg, &mut |_, _| {}).expect("the plain run completes");
+    assert_eq!(
+        report.trace_hash, plain.trace_hash,
+        "recording adds no event"
+    );
+    assert_eq!(report.events, plain.events);
+
+    // Through the file format and back.
+    let mut text = Vec::new();
+    rec.write(&mut text).unwrap();
+    let back = read(text.as_slice()).expect("the record reads back");
+    assert_eq!(back, rec);
+    assert_eq!(back.steps.len(), 6);
+    assert!(back.executions.iter().all(|e| !e.calls.is_empty()));
+    assert!(back.switches.len() >= 6, "{:?}", back.switches);
+    assert!(back.ops.iter().any(|o| o.op == "trainer.fwd_bwd"));
+
+    let r = replay(&back).expect("the replay runs");
+    assert_eq!(r.steps.len(), 6);
+    for s in &r.steps {
+        assert!(
+            s.error.abs() < 0.10,
+            "step {}: recorded {} ns, simulated {} ns",
+            s.step,
+            s.recorded_ns,
+            s.simulated_ns
+        );
+    }
+    assert!(r.same_role_changes, "{:#?}", r.bursts);
+}
