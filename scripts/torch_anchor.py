@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch's side of the comparison with Gyre (scripts/torch_anchor.sh runs
-both): the same Hugging Face checkpoint Gyre loads, in `transformers` on
-CPU, timed as gpu/examples/torch_anchor.rs times Gyre's engine and trainer.
+both): the same model Gyre loads, on CPU, timed as
+gpu/examples/torch_anchor.rs times Gyre's engine and trainer. A Hugging
+Face checkpoint directory (the tiny Qwen3 shape) runs in `transformers`;
+a Gyre safetensors file (Gyre's own model) runs in `GyreModel` below, a
+PyTorch module of that architecture (learned positions, RMSNorm, fused
+QKV, GELU MLP, untied head) with a KV-cache sampling loop.
 
-    python3 scripts/torch_anchor.py CHECKPOINT_DIR [REPS]
+    python3 scripts/torch_anchor.py CHECKPOINT_DIR|GYRE.safetensors [REPS]
 
 Prints one JSON line: median seconds of generation with 1 and with 32
 concurrent requests (32-token prompts, 64 sampled tokens each, temperature
@@ -18,9 +22,64 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 PROMPT, NEW_TOKENS, ROWS, ROW_LEN = 32, 64, 8, 128
+
+
+class GyreModel(torch.nn.Module):
+    """gpu/src/model/gyre.rs in PyTorch, weights from Gyre's safetensors
+    file (input-major matrices, as Gyre stores them)."""
+
+    def __init__(self, path):
+        super().__init__()
+        with safe_open(path, framework="pt") as f:
+            self.cfg = json.loads(f.metadata()["gyre.model_config"])
+            w = {k: torch.nn.Parameter(f.get_tensor(k)) for k in f.keys()}
+        self.w = torch.nn.ParameterDict({k.replace(".", "_"): v for k, v in w.items()})
+        self.heads, self.width = self.cfg["heads"], self.cfg["width"]
+
+    def p(self, name):
+        return self.w[name.replace(".", "_")]
+
+    @staticmethod
+    def norm(x, g):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g
+
+    def forward(self, ids, cache=None):
+        """Logits of `ids` (batch x new tokens) after `cache` (per layer
+        keys and values, extended in place when given)."""
+        n, t = ids.shape
+        past = cache[0][0].shape[2] if cache and cache[0] else 0
+        h, d = self.heads, self.width
+        x = self.p("tok_emb")[ids] + self.p("pos_emb")[past : past + t]
+        mask = torch.ones(t, past + t, dtype=torch.bool).tril(past)
+        for l in range(self.cfg["layers"]):
+            pre = f"layers.{l}."
+            qkv = self.norm(x, self.p(pre + "attn_norm")) @ self.p(pre + "wqkv")
+            q, k, v = (z.view(n, t, h, d // h).transpose(1, 2) for z in qkv.split(d, -1))
+            if cache is not None:
+                if cache[l]:
+                    k = torch.cat([cache[l][0], k], 2)
+                    v = torch.cat([cache[l][1], v], 2)
+                cache[l] = (k, v)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            x = x + a.transpose(1, 2).reshape(n, t, d) @ self.p(pre + "wo")
+            m = self.norm(x, self.p(pre + "mlp_norm")) @ self.p(pre + "w1")
+            x = x + F.gelu(m) @ self.p(pre + "w2")
+        return self.norm(x, self.p("final_norm")) @ self.p("lm_head")
+
+    def generate(self, ids, max_new_tokens, **_):
+        cache = [None] * self.cfg["layers"]
+        logits = self(ids, cache)[:, -1]
+        out = [ids]
+        for _ in range(max_new_tokens):
+            tok = torch.multinomial(torch.softmax(logits, -1), 1)
+            out.append(tok)
+            logits = self(tok, cache)[:, -1]
+        return torch.cat(out, 1)
 
 
 def prompt(i):
@@ -58,7 +117,8 @@ def train_step(model):
     adv = torch.tensor([1.0 if r % 2 == 0 else -1.0 for r in range(ROWS)]).unsqueeze(1)
     coef = 1.0 / (96.0 * ROWS)
     t = time.perf_counter()
-    logits = model(ids).logits[:, :-1].float()
+    out = model(ids)
+    logits = (out if isinstance(out, torch.Tensor) else out.logits)[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     mask = torch.zeros_like(logp)
     mask[:, PROMPT - 1 :] = 1.0
@@ -74,8 +134,12 @@ def main():
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     reps = int(sys.argv[2]) if len(sys.argv) == 3 else 5
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
-    model.generation_config.eos_token_id = None
+    if sys.argv[1].endswith(".safetensors"):
+        model, name = GyreModel(sys.argv[1]), "gyre"
+    else:
+        model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+        model.generation_config.eos_token_id = None
+        name = "qwen3"
     one, many, train = [], [], []
     for rep in range(reps + 1):  # the first round warms up
         a = generate(model.eval(), 1, rep)
@@ -89,6 +153,7 @@ def main():
         json.dumps(
             {
                 "impl": "torch",
+                "model": name,
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
                 "reps": reps,

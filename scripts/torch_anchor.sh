@@ -2,23 +2,23 @@
 # Gyre vs PyTorch on CPU, in the same run, on the same checkpoint (issue 13's
 # Measure): generation tokens/s with 1 and 32 concurrent requests, training
 # tokens/s of one forward+backward, for the tiny Qwen3 shape of
-# gpu/benches/policy.rs. Rounds alternate Gyre and PyTorch so both see the
-# same machine load; the table gives medians over rounds and Gyre/PyTorch
-# ratios (above 1: Gyre is faster).
+# gpu/benches/policy.rs (in transformers) and Gyre's own default model (in
+# the script's PyTorch module of it). Rounds alternate Gyre and PyTorch so
+# both see the same machine load; the tables give medians over rounds and
+# Gyre/PyTorch ratios (above 1: Gyre is faster).
 #
-#   scripts/torch_anchor.sh [ROUNDS] [REPS]
+#   TORCH_VENV=/tmp/torch-venv scripts/torch_anchor.sh [ROUNDS] [REPS]
 #
-# Needs target/torch-venv with torch and transformers:
-#   python3 -m venv target/torch-venv
-#   target/torch-venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
-#   target/torch-venv/bin/pip install filelock sympy networkx jinja2 fsspec \
-#       typing-extensions mpmath transformers
+# Needs a venv (default /tmp/torch-venv, outside the repo) with torch and
+# transformers; PyPI's torch brings its nvidia-* wheels (about 6 GB):
+#   python3 -m venv /tmp/torch-venv
+#   /tmp/torch-venv/bin/pip install --no-cache-dir torch transformers
 # Not run in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 reps=${2:-5}
-py=target/torch-venv/bin/python
+py=${TORCH_VENV:-/tmp/torch-venv}/bin/python
 dir=target/torch-anchor
 [ -x "$py" ] || { echo "no $py: see the comment at the top of $0" >&2; exit 1; }
 export CARGO_INCREMENTAL=0
@@ -27,22 +27,26 @@ gyre=target/release/examples/torch_anchor
 rm -rf "$dir" && "$gyre" write "$dir/ckpt"
 : > "$dir/results.jsonl"
 for r in $(seq "$rounds"); do
-  "$gyre" bench "$dir/ckpt" "$reps" | tee -a "$dir/results.jsonl"
-  "$py" scripts/torch_anchor.py "$dir/ckpt" "$reps" 2>/dev/null | tee -a "$dir/results.jsonl"
+  for m in ckpt/qwen3 ckpt/gyre.safetensors; do
+    "$gyre" bench "$dir/$m" "$reps" | tee -a "$dir/results.jsonl"
+    "$py" scripts/torch_anchor.py "$dir/$m" "$reps" | tee -a "$dir/results.jsonl"
+  done
 done
 "$py" - "$dir/results.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-def med(impl, key):
-    return statistics.median(r[key] for r in rows if r["impl"] == impl)
-print(f"\n{len(rows)//2} rounds; torch {next(r['torch'] for r in rows if r['impl']=='torch')}, "
-      f"{rows[0]['threads']} threads")
-print("| what | Gyre tokens/s | PyTorch tokens/s | Gyre / PyTorch |")
-print("|---|---:|---:|---:|")
-for what, key in [("generation, 1 request x 64 tokens", "generate_1"),
-                  ("generation, 32 concurrent x 64 tokens", "generate_32"),
-                  ("training fwd+bwd, 8 rows x 128 tokens", "train")]:
-    toks = rows[0][key + "_tokens"]
-    g, t = toks / med("gyre", key + "_s"), toks / med("torch", key + "_s")
-    print(f"| {what} | {g:,.0f} | {t:,.0f} | {g / t:.2f} |")
+def med(impl, model, key):
+    return statistics.median(r[key] for r in rows if r["impl"] == impl and r["model"] == model)
+torch_row = next(r for r in rows if r["impl"] == "torch")
+print(f"\n{len(rows)//4} rounds; torch {torch_row['torch']}, {torch_row['threads']} torch threads, "
+      f"{rows[0]['threads']} cores")
+print("| model | what | Gyre tokens/s | PyTorch tokens/s | Gyre / PyTorch |")
+print("|---|---|---:|---:|---:|")
+for model in ["qwen3", "gyre"]:
+    for what, key in [("generation, 1 request x 64 tokens", "generate_1"),
+                      ("generation, 32 concurrent x 64 tokens", "generate_32"),
+                      ("training fwd+bwd, 8 rows x 128 tokens", "train")]:
+        toks = rows[0][key + "_tokens"]
+        g, t = toks / med("gyre", model, key + "_s"), toks / med("torch", model, key + "_s")
+        print(f"| {model} | {what} | {g:,.0f} | {t:,.0f} | {g / t:.2f} |")
 PY

@@ -1,11 +1,15 @@
 //! Gyre's side of the PyTorch comparison (`scripts/torch_anchor.sh` runs
 //! both): the tiny Qwen3 shape of `benches/policy.rs` as a Hugging Face
-//! checkpoint that `transformers` loads too, and Gyre's engine and trainer
-//! timed on it the way `scripts/torch_anchor.py` times PyTorch.
+//! checkpoint that `transformers` loads too (`DIR/qwen3`), Gyre's own
+//! default model as a Gyre safetensors file that the script's PyTorch
+//! module of that architecture loads (`DIR/gyre.safetensors`), and Gyre's
+//! engine and trainer timed on either the way `scripts/torch_anchor.py`
+//! times PyTorch.
 //!
 //! ```text
 //! cargo run --release -p gyre-gpu --example torch_anchor -- write DIR
-//! cargo run --release -p gyre-gpu --example torch_anchor -- bench DIR [REPS]
+//! cargo run --release -p gyre-gpu --example torch_anchor -- bench DIR/qwen3 [REPS]
+//! cargo run --release -p gyre-gpu --example torch_anchor -- bench DIR/gyre.safetensors [REPS]
 //! ```
 //!
 //! `bench` prints one JSON line: the median seconds of generation with 1
@@ -18,7 +22,7 @@ use std::time::Instant;
 
 use gyre_gpu::engine::{Engine, EngineConfig, Request, SamplingParams};
 use gyre_gpu::model::hf::{self, HfConfig, LoadOptions};
-use gyre_gpu::model::{ModelConfig, ParamBuffer};
+use gyre_gpu::model::{ModelConfig, ParamBuffer, safetensors_io};
 use gyre_gpu::trainer::{Loss, MicroStep, TrainRow, Trainer};
 
 const PROMPT: usize = 32;
@@ -86,12 +90,30 @@ fn train_rows() -> Vec<TrainRow> {
         .collect()
 }
 
-fn bench(dir: &Path, reps: usize) -> Result<(), String> {
-    let ck = hf::load(dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
-    let model = ck.config.model.clone();
+/// Both models of the comparison under `dir`.
+fn write(dir: &Path) -> Result<(), String> {
+    let cfg = qwen3_small();
+    let params = ParamBuffer::init(&cfg.model, 1).map_err(|e| e.to_string())?;
+    hf::save(&dir.join("qwen3"), &cfg, &params, 1).map_err(|e| e.to_string())?;
+    let gyre = ModelConfig::default();
+    let params = ParamBuffer::init(&gyre, 1).map_err(|e| e.to_string())?;
+    safetensors_io::save(&dir.join("gyre.safetensors"), &gyre, &params).map_err(|e| e.to_string())
+}
+
+/// A Gyre safetensors file, or a Hugging Face checkpoint directory.
+fn load(path: &Path) -> Result<(ModelConfig, ParamBuffer), String> {
+    if path.is_file() {
+        return safetensors_io::load(path).map_err(|e| e.to_string());
+    }
+    let ck = hf::load(path, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    Ok((ck.config.model, ck.params))
+}
+
+fn bench(path: &Path, reps: usize) -> Result<(), String> {
+    let (model, params) = load(path)?;
     let cfg = EngineConfig::for_model(model.clone(), 32);
-    let mut engine = Engine::new(cfg, &ck.params).map_err(|e| e.to_string())?;
-    let mut trainer = Trainer::new(&model, &ck.params).map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(cfg, &params).map_err(|e| e.to_string())?;
+    let mut trainer = Trainer::new(&model, &params).map_err(|e| e.to_string())?;
     let rows = train_rows();
     let step = MicroStep::whole(&rows);
     let loss = Loss::Policy(Default::default());
@@ -114,6 +136,7 @@ fn bench(dir: &Path, reps: usize) -> Result<(), String> {
     }
     let out = serde_json::json!({
         "impl": "gyre",
+        "model": if model.arch.is_gyre() { "gyre" } else { "qwen3" },
         "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
         "reps": reps,
         "generate_1_s": median(one),
@@ -130,18 +153,15 @@ fn bench(dir: &Path, reps: usize) -> Result<(), String> {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["write", dir] => {
-            let cfg = qwen3_small();
-            ParamBuffer::init(&cfg.model, 1)
-                .map_err(|e| e.to_string())
-                .and_then(|p| hf::save(Path::new(dir), &cfg, &p, 1).map_err(|e| e.to_string()))
-        }
+        ["write", dir] => write(Path::new(dir)),
         ["bench", dir] => bench(Path::new(dir), 5),
         ["bench", dir, reps] => match reps.parse() {
             Ok(n) if n > 0 => bench(Path::new(dir), n),
             _ => Err(format!("REPS must be a positive integer, got {reps:?}")),
         },
-        _ => Err("usage: torch_anchor write DIR | bench DIR [REPS]".into()),
+        _ => Err(
+            "usage: torch_anchor write DIR | bench DIR/qwen3|DIR/gyre.safetensors [REPS]".into(),
+        ),
     };
     if let Err(e) = result {
         eprintln!("torch_anchor: {e}");
