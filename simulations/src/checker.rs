@@ -5,7 +5,9 @@
 //! its own history, so it re-derives what it checks rather than trusting the
 //! scheduler's bookkeeping: it watches the watermark across events, tracks
 //! the supply clock from the values and resets it observes, and keeps its
-//! own set of trained groups.
+//! own set of trained groups; the burst-end supply check counts ready
+//! groups itself (from the buffer's ready groups and its own trained set),
+//! not from the scheduler's last report.
 //!
 //! After every event:
 //! - d ≥ p ≥ f, and the ledger's placements equal p − f and never exceed
@@ -19,15 +21,21 @@
 //!   exempt: it is configuration, not a decision);
 //! - exactly one optimizer update per step, in order; each step trains B
 //!   distinct groups, none trained before; batch memberships are prefixes;
+//! - rollout engines serve only published versions, and never go back to
+//!   an older one (a restarted engine starts again from 0);
 //! - no harness call timed out or got an answer it did not expect, and no
 //!   actor or backend saw a protocol breach.
+//!
+//! At the end, besides liveness and accounting: every call an engine
+//! answered reached its run or found it aborted (no answered call lost),
+//! and every engine serves the last published version.
 
 use std::collections::BTreeSet;
 
 use gyre_actors::sched::Policy;
 use gyre_actors::sched::config::DispatchMode;
 use gyre_actors::sched::core::Core;
-use gyre_actors::sched::ids::GroupId;
+use gyre_actors::sched::ids::{CallId, GroupId};
 use gyre_actors::sched::maths::prefix::{is_prefix, training_set};
 use gyre_actors::sched::maths::{Role, SupplyCheck};
 use gyre_actors::sched::scheduler::Scheduler;
@@ -60,12 +68,15 @@ pub struct Checker {
     records_seen: usize,
     memberships_seen: usize,
     trained: BTreeSet<GroupId>,
+    /// The version each rollout engine served at the last event.
+    served: Vec<u64>,
 }
 
 impl Checker {
     pub fn new(cluster: &Cluster) -> Self {
         let mut engines = cluster.backends.engines.clone();
         engines.extend(cluster.backends.pool);
+        let n_engines = engines.len();
         Self {
             sched: cluster.sched,
             harness: cluster.backends.harness,
@@ -80,6 +91,7 @@ impl Checker {
             records_seen: 0,
             memberships_seen: 0,
             trained: BTreeSet::new(),
+            served: vec![0; n_engines],
         }
     }
 
@@ -168,12 +180,24 @@ impl Checker {
             let room = u64::from(cfg.pool_capacity)
                 + u64::from(cfg.cells - 1) * u64::from(cfg.cell_capacity);
             let next = u64::from(cfg.mu) * cfg.batch_dispatch();
-            let supply = self.supply.as_ref().map_or(0, |s| s.value());
+            // The supply, counted here rather than read from the
+            // scheduler's last report: groups the buffer made ready and
+            // training has not consumed yet, capped at B. It bounds the
+            // packer's ready-unclaimed count from above (a ready group is
+            // either still unclaimed, claimed, or trained), so a core that
+            // stays below it stayed on supply that never existed.
+            let ready = view
+                .actor(peers.buffer)
+                .ok_or("the buffer is gone")?
+                .stats()
+                .ready;
+            let supply = own_supply(ready, self.trained.len(), self.batch_groups);
             let threshold = u64::from(s.derived().supply_threshold);
             if stays && (prev.watermark + next > room || supply < threshold) {
                 return Err(format!(
-                    "the core stayed with w = {}, μ·N·B = {next}, room {room}, supply {supply} < {threshold}?",
-                    prev.watermark
+                    "the core stayed with w = {}, μ·N·B = {next}, room {room}, supply {supply} < {threshold} ({ready} groups ready, {} trained)?",
+                    prev.watermark,
+                    self.trained.len()
                 ));
             }
         }
@@ -227,6 +251,7 @@ impl Checker {
         }
 
         self.check_core(view, peers.core)?;
+        self.check_served_versions(view, peers.core)?;
 
         let h = view.actor(self.harness).ok_or("the harness is gone")?;
         let hs = h.stats();
@@ -264,6 +289,34 @@ impl Checker {
             && b.stats().violations > 0
         {
             return Err(format!("trajectory buffer: {:?}", b.stats()));
+        }
+        Ok(())
+    }
+
+    /// Rollout engines serve only published versions, and an engine's
+    /// version never goes back (a restarted one starts again from 0).
+    fn check_served_versions(
+        &mut self,
+        view: &SimView<'_>,
+        core: Addr<Core>,
+    ) -> Result<(), String> {
+        let published = view.actor(core).ok_or("the core is gone")?.version();
+        for (addr, last) in self.engines.iter().zip(&mut self.served) {
+            let Some(engine) = view.actor(*addr) else {
+                continue;
+            };
+            let v = engine.version();
+            if v > published {
+                return Err(format!(
+                    "engine {addr:?} serves version {v}, only {published} was published"
+                ));
+            }
+            if v < *last && v != 0 {
+                return Err(format!(
+                    "engine {addr:?} went back from version {last} to {v}"
+                ));
+            }
+            *last = v;
         }
         Ok(())
     }
@@ -322,6 +375,27 @@ impl Checker {
         self.memberships_seen = log.memberships.len();
         Ok(())
     }
+}
+
+/// The supply as the checker counts it: groups made ready and not yet
+/// trained, capped at a batch of `batch_groups`.
+fn own_supply(ready: u64, trained: usize, batch_groups: usize) -> u64 {
+    ready
+        .saturating_sub(trained as u64)
+        .min(batch_groups as u64)
+}
+
+/// The first call answered by an engine that its run neither got nor
+/// abandoned.
+fn lost_answer(
+    by_engine: &BTreeSet<CallId>,
+    answered: &BTreeSet<CallId>,
+    abandoned: &BTreeSet<CallId>,
+) -> Option<CallId> {
+    by_engine
+        .iter()
+        .find(|c| !answered.contains(c) && !abandoned.contains(c))
+        .copied()
 }
 
 /// The checks of a run that has quiesced: liveness and exact accounting.
@@ -450,20 +524,27 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
             s.ledger().unplaced()
         ));
     }
-    // Every published version is what the rollout engines serve at the end.
-    for e in cluster
+    // Every published version is what the rollout engines serve at the end;
+    // and no answered call is lost: every call an engine answered reached
+    // its run (answered there, once: a second answer is a stray one), or
+    // found the run aborted with the call outstanding.
+    let (answered, abandoned) = h.calls_ended();
+    let rollout = cluster
         .backends
         .engines
         .iter()
-        .chain(&cluster.backends.pool)
-    {
-        if let Some(engine) = sim.actor(*e)
-            && engine.version() != core.version()
-        {
+        .chain(&cluster.backends.pool);
+    for (e, engine) in rollout.filter_map(|e| Some((e, sim.actor(*e)?))) {
+        if engine.version() != core.version() {
             return Err(format!(
                 "engine {e:?} serves version {} at the end, {} was published",
                 engine.version(),
                 core.version()
+            ));
+        }
+        if let Some(call) = lost_answer(engine.answered(), answered, abandoned) {
+            return Err(format!(
+                "engine {e:?} answered {call:?}, which never reached its run"
             ));
         }
     }
@@ -477,4 +558,37 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gyre_actors::sched::ids::ExecId;
+
+    fn call(exec: u64, seq: u32) -> CallId {
+        CallId {
+            exec: ExecId(exec),
+            seq,
+        }
+    }
+
+    #[test]
+    fn an_answer_that_reached_no_run_is_lost() {
+        let by_engine: BTreeSet<_> = [call(1, 0), call(1, 1), call(2, 0)].into();
+        let answered: BTreeSet<_> = [call(1, 0), call(1, 1)].into();
+        let abandoned: BTreeSet<_> = [call(2, 0)].into();
+        assert_eq!(lost_answer(&by_engine, &answered, &abandoned), None);
+        let answered_less: BTreeSet<_> = [call(1, 0)].into();
+        assert_eq!(
+            lost_answer(&by_engine, &answered_less, &abandoned),
+            Some(call(1, 1))
+        );
+    }
+
+    #[test]
+    fn the_own_supply_bounds_ready_minus_trained_by_a_batch() {
+        assert_eq!(own_supply(10, 4, 4), 4);
+        assert_eq!(own_supply(6, 4, 4), 2);
+        assert_eq!(own_supply(3, 4, 4), 0);
+    }
 }

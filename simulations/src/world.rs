@@ -52,6 +52,9 @@ pub enum Mutation {
     /// The engine ignores a repeated call attempt it has already answered,
     /// so a lost answer is never given again.
     EngineIgnoresRepeats,
+    /// The engine acknowledges a weight update without applying it, so it
+    /// keeps serving the version it loaded.
+    EngineAcksWithoutLoading,
 }
 
 impl ClusterConfig {
@@ -96,6 +99,7 @@ impl SimBackends {
         }
         match self.cfg.mutation {
             Some(Mutation::EngineIgnoresRepeats) => engine.ignoring_repeats(),
+            Some(Mutation::EngineAcksWithoutLoading) => engine.acking_without_loading(),
             _ => engine,
         }
     }

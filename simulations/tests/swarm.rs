@@ -106,3 +106,11 @@ fn the_swarm_catches_an_engine_that_never_answers_again() {
         "{why}"
     );
 }
+
+#[test]
+fn the_swarm_catches_an_engine_that_acks_weights_without_loading_them() {
+    let found = first_failure(Mutation::EngineAcksWithoutLoading, 300);
+    eprintln!("mutation EngineAcksWithoutLoading caught: {found:?}");
+    let (_, why) = found.expect("the swarm missed an engine serving an old version");
+    assert!(why.contains("serves version"), "{why}");
+}

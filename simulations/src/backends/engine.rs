@@ -81,10 +81,15 @@ pub struct SimEngine {
     /// output tokens, version).
     last_done: FxHashMap<ExecId, (CallId, u32, u64, Version)>,
     inflight: BTreeMap<CallId, InFlight>,
+    /// Every call this engine answered `Done` (the checker's "no answered
+    /// call lost" reads it).
+    answered: std::collections::BTreeSet<CallId>,
     control: Option<(Recipient<EngineEvent>, Version)>,
     stats: EngineStats,
     /// The mutation check: an answered attempt is never answered again.
     ignore_repeats: bool,
+    /// The mutation check: weight updates are acknowledged, not applied.
+    skip_weights: bool,
     /// A recorded run: each call takes its recorded service time and
     /// output.
     replay: Option<Arc<ReplayWorkload>>,
@@ -104,9 +109,11 @@ impl SimEngine {
             released: std::collections::BTreeSet::new(),
             last_done: FxHashMap::default(),
             inflight: BTreeMap::new(),
+            answered: std::collections::BTreeSet::new(),
             control: None,
             stats: EngineStats::default(),
             ignore_repeats: false,
+            skip_weights: false,
             replay: None,
         }
     }
@@ -124,8 +131,30 @@ impl SimEngine {
         self
     }
 
+    /// Breaks weight updates on purpose (the swarm's mutation check,
+    /// `crate::world::Mutation::EngineAcksWithoutLoading`).
+    pub fn acking_without_loading(mut self) -> Self {
+        self.skip_weights = true;
+        self
+    }
+
+    /// The version to serve after a weight update to `version`: the newer
+    /// of the two, unless the update is skipped on purpose.
+    fn updated(&self, version: Version) -> Version {
+        if self.skip_weights {
+            self.version
+        } else {
+            self.version.max(version)
+        }
+    }
+
     pub fn stats(&self) -> EngineStats {
         self.stats
+    }
+
+    /// Every call this engine answered `Done`, since it last started.
+    pub fn answered(&self) -> &std::collections::BTreeSet<CallId> {
+        &self.answered
     }
 
     pub fn is_serving(&self) -> bool {
@@ -316,10 +345,10 @@ impl Actor for SimEngine {
                 cx.set_timer(EngineTimer::Load, self.costs.load);
             }
             EngineReq::SetWeights { version } => {
-                self.version = self.version.max(version);
+                self.version = self.updated(version);
             }
             EngineReq::SetWeightsAcked { version, reply_to } => {
-                self.version = self.version.max(version);
+                self.version = self.updated(version);
                 cx.send(reply_to, EngineEvent::WeightsSet { version });
             }
         }
@@ -332,6 +361,7 @@ impl Actor for SimEngine {
                     return;
                 };
                 self.stats.served += 1;
+                self.answered.insert(call);
                 self.kv.insert(call.exec, f.prompt + f.output);
                 self.last_done
                     .insert(call.exec, (call, f.attempt, f.output, self.version));

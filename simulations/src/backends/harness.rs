@@ -21,6 +21,7 @@ use gyre_runtime::rng::mix64;
 use gyre_runtime::{Actor, ActorId, BlobId, Cx, MILLIS, Nanos, Recipient, SECS};
 use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::costs::Workload;
@@ -109,6 +110,10 @@ pub struct SimHarness {
     runs: FxHashMap<ExecId, Run>,
     stats: HarnessStats,
     records: Vec<RunRecord>,
+    /// Every call answered, and every call left outstanding by an abort
+    /// (the checker's "no answered call lost" reads them).
+    answered: BTreeSet<CallId>,
+    abandoned: BTreeSet<CallId>,
 }
 
 impl SimHarness {
@@ -121,6 +126,8 @@ impl SimHarness {
             runs: FxHashMap::default(),
             stats: HarnessStats::default(),
             records: Vec::new(),
+            answered: BTreeSet::new(),
+            abandoned: BTreeSet::new(),
         }
     }
 
@@ -146,6 +153,11 @@ impl SimHarness {
 
     pub fn stats(&self) -> HarnessStats {
         self.stats
+    }
+
+    /// Calls answered, and calls abandoned by an abort.
+    pub fn calls_ended(&self) -> (&BTreeSet<CallId>, &BTreeSet<CallId>) {
+        (&self.answered, &self.abandoned)
     }
 
     /// Every run that ended, in the order they ended.
@@ -379,6 +391,7 @@ impl SimHarness {
             return;
         }
         run.outstanding = None;
+        self.answered.insert(call);
         run.context.answered(output_tokens);
         run.context.tokens += growth;
         let wait = now - since;
@@ -428,6 +441,7 @@ impl Actor for SimHarness {
                     cx.cancel_timer(&HarnessTimer::Think(exec));
                     if let Some((call, _)) = run.outstanding {
                         self.stats.abandoned += 1;
+                        self.abandoned.insert(call);
                         if self.work.timer_per_call {
                             cx.cancel_timer(&HarnessTimer::CallTimeout(call));
                         }
