@@ -250,8 +250,7 @@ impl Checker {
             }
         }
 
-        self.check_core(view, peers.core)?;
-        self.check_served_versions(view, peers.core)?;
+        let published = self.check_core(view, peers.core)?;
 
         let h = view.actor(self.harness).ok_or("the harness is gone")?;
         let hs = h.stats();
@@ -270,14 +269,27 @@ impl Checker {
                 return Err(format!("cell {:?} in trouble: {st:?}", cell.index()));
             }
         }
-        for e in &self.engines {
-            if let Some(engine) = view.actor(*e)
-                && engine.stats().violations > 0
-            {
+        // Rollout engines serve only published versions, and an engine's
+        // version never goes back (a restarted one starts again from 0).
+        for (e, last) in self.engines.iter().zip(&mut self.served) {
+            let Some(engine) = view.actor(*e) else {
+                continue;
+            };
+            if engine.stats().violations > 0 {
                 return Err(format!(
                     "engine {e:?} unloaded with pinned blocks or calls in flight"
                 ));
             }
+            let v = engine.version();
+            if v > published {
+                return Err(format!(
+                    "engine {e:?} serves version {v}, only {published} was published"
+                ));
+            }
+            if v < *last && v != 0 {
+                return Err(format!("engine {e:?} went back from version {last} to {v}"));
+            }
+            *last = v;
         }
         if let Some(q) = view.actor(peers.queue) {
             let qs = q.stats();
@@ -293,35 +305,8 @@ impl Checker {
         Ok(())
     }
 
-    /// Rollout engines serve only published versions, and an engine's
-    /// version never goes back (a restarted one starts again from 0).
-    fn check_served_versions(
-        &mut self,
-        view: &SimView<'_>,
-        core: Addr<Core>,
-    ) -> Result<(), String> {
-        let published = view.actor(core).ok_or("the core is gone")?.version();
-        for (addr, last) in self.engines.iter().zip(&mut self.served) {
-            let Some(engine) = view.actor(*addr) else {
-                continue;
-            };
-            let v = engine.version();
-            if v > published {
-                return Err(format!(
-                    "engine {addr:?} serves version {v}, only {published} was published"
-                ));
-            }
-            if v < *last && v != 0 {
-                return Err(format!(
-                    "engine {addr:?} went back from version {last} to {v}"
-                ));
-            }
-            *last = v;
-        }
-        Ok(())
-    }
-
-    fn check_core(&mut self, view: &SimView<'_>, core: Addr<Core>) -> Result<(), String> {
+    /// Checks the core's log; returns the published policy version.
+    fn check_core(&mut self, view: &SimView<'_>, core: Addr<Core>) -> Result<u64, String> {
         let Some(core) = view.actor(core) else {
             return Err("the core is gone".to_owned());
         };
@@ -373,7 +358,7 @@ impl Checker {
             }
         }
         self.memberships_seen = log.memberships.len();
-        Ok(())
+        Ok(core.version())
     }
 }
 
