@@ -93,6 +93,10 @@ pub fn run_checked_with(
     cfg: &ClusterConfig,
     extra: impl FnMut(&SimView<'_>) -> Result<(), String> + 'static,
 ) -> Result<RunReport, RunError> {
+    let cfg = &ClusterConfig {
+        track_calls: true,
+        ..cfg.clone()
+    };
     let mut cluster = build(cfg)?;
     let checker = Rc::new(RefCell::new(Checker::new(&cluster)));
     let c = Rc::clone(&checker);

@@ -40,6 +40,10 @@ pub struct ClusterConfig {
     /// crashes (`Sim::crash_node`, `Sim::restart_node`), fresh. Off by
     /// default: a fault plan's actor crashes would then find them.
     pub restartable: bool,
+    /// The engines and the harness keep the id of every call they ended,
+    /// for the checker's "no answered call lost" (memory grows with the
+    /// calls of a run, so the lab's scenario runs turn it off).
+    pub track_calls: bool,
 }
 
 /// A guard of the simulated backends switched off on purpose (the swarm's
@@ -77,6 +81,7 @@ impl ClusterConfig {
             harness_local: false,
             mutation: None,
             restartable: false,
+            track_calls: true,
         }
     }
 }
@@ -88,12 +93,30 @@ pub struct SimBackends {
 }
 
 impl SimBackends {
+    fn untracked_harness(&mut self) -> Result<SimHarness, ConfigError> {
+        let costs = &self.cfg.costs;
+        if let Some(r) = &costs.replay {
+            return Ok(SimHarness::replaying(costs.workload.clone(), r.clone()));
+        }
+        Ok(match &costs.model {
+            Some(model) => SimHarness::calibrated(
+                costs.workload.clone(),
+                model.clone(),
+                gyre_runtime::rng::mix64(self.cfg.seed ^ 0x9_0e21),
+            ),
+            None => SimHarness::new(costs.workload.clone()),
+        })
+    }
+
     fn engine(&self, ix: EngineIx, slots: u32) -> SimEngine {
         let mut e = self.cfg.costs.engine.clone();
         if e.load_capacity == 0 {
             e.load_capacity = slots;
         }
         let mut engine = SimEngine::new(ix, e);
+        if self.cfg.track_calls {
+            engine = engine.tracking_calls();
+        }
         if let Some(r) = &self.cfg.costs.replay {
             engine = engine.replaying(r.clone());
         }
@@ -142,18 +165,9 @@ impl BackendFactory for SimBackends {
     }
 
     fn harness(&mut self) -> Result<SimHarness, ConfigError> {
-        let costs = &self.cfg.costs;
-        if let Some(r) = &costs.replay {
-            return Ok(SimHarness::replaying(costs.workload.clone(), r.clone()));
-        }
-        Ok(match &costs.model {
-            Some(model) => SimHarness::calibrated(
-                costs.workload.clone(),
-                model.clone(),
-                gyre_runtime::rng::mix64(self.cfg.seed ^ 0x9_0e21),
-            ),
-            None => SimHarness::new(costs.workload.clone()),
-        })
+        let track = self.cfg.track_calls;
+        self.untracked_harness()
+            .map(|h| if track { h.tracking_calls() } else { h })
     }
 
     fn evaluator(&mut self) -> Result<SimEvaluator, ConfigError> {

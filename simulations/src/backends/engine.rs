@@ -84,6 +84,8 @@ pub struct SimEngine {
     /// Every call this engine answered `Done` (the checker's "no answered
     /// call lost" reads it).
     answered: std::collections::BTreeSet<CallId>,
+    /// Whether `answered` is kept (checked runs only).
+    track_calls: bool,
     control: Option<(Recipient<EngineEvent>, Version)>,
     stats: EngineStats,
     /// The mutation check: an answered attempt is never answered again.
@@ -110,6 +112,7 @@ impl SimEngine {
             last_done: FxHashMap::default(),
             inflight: BTreeMap::new(),
             answered: std::collections::BTreeSet::new(),
+            track_calls: false,
             control: None,
             stats: EngineStats::default(),
             ignore_repeats: false,
@@ -128,6 +131,12 @@ impl SimEngine {
     /// `crate::world::Mutation::EngineIgnoresRepeats`).
     pub fn ignoring_repeats(mut self) -> Self {
         self.ignore_repeats = true;
+        self
+    }
+
+    /// Keeps the id of every call answered, for the checker.
+    pub fn tracking_calls(mut self) -> Self {
+        self.track_calls = true;
         self
     }
 
@@ -361,7 +370,9 @@ impl Actor for SimEngine {
                     return;
                 };
                 self.stats.served += 1;
-                self.answered.insert(call);
+                if self.track_calls {
+                    self.answered.insert(call);
+                }
                 self.kv.insert(call.exec, f.prompt + f.output);
                 self.last_done
                     .insert(call.exec, (call, f.attempt, f.output, self.version));

@@ -114,6 +114,8 @@ pub struct SimHarness {
     /// (the checker's "no answered call lost" reads them).
     answered: BTreeSet<CallId>,
     abandoned: BTreeSet<CallId>,
+    /// Whether `answered`/`abandoned` are kept (checked runs only).
+    track_calls: bool,
 }
 
 impl SimHarness {
@@ -128,6 +130,7 @@ impl SimHarness {
             records: Vec::new(),
             answered: BTreeSet::new(),
             abandoned: BTreeSet::new(),
+            track_calls: false,
         }
     }
 
@@ -153,6 +156,12 @@ impl SimHarness {
 
     pub fn stats(&self) -> HarnessStats {
         self.stats
+    }
+
+    /// Keeps the id of every call answered or abandoned, for the checker.
+    pub fn tracking_calls(mut self) -> Self {
+        self.track_calls = true;
+        self
     }
 
     /// Calls answered, and calls abandoned by an abort.
@@ -391,7 +400,9 @@ impl SimHarness {
             return;
         }
         run.outstanding = None;
-        self.answered.insert(call);
+        if self.track_calls {
+            self.answered.insert(call);
+        }
         run.context.answered(output_tokens);
         run.context.tokens += growth;
         let wait = now - since;
@@ -441,7 +452,9 @@ impl Actor for SimHarness {
                     cx.cancel_timer(&HarnessTimer::Think(exec));
                     if let Some((call, _)) = run.outstanding {
                         self.stats.abandoned += 1;
-                        self.abandoned.insert(call);
+                        if self.track_calls {
+                            self.abandoned.insert(call);
+                        }
                         if self.work.timer_per_call {
                             cx.cancel_timer(&HarnessTimer::CallTimeout(call));
                         }
