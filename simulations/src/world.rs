@@ -10,7 +10,7 @@ use gyre_actors::sched::plan::{
 };
 use gyre_actors::sched::scheduler::Scheduler;
 use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
-use gyre_runtime::sim::{Latency, LinkModel, Sim, SimConfig};
+use gyre_runtime::sim::{Latency, LinkModel, PayloadCost, Sim, SimConfig};
 use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs};
 
 use crate::backends::{SimEngine, SimEvaluator, SimHarness, SimMemory, SimTrainer, SimTransfer};
@@ -40,6 +40,8 @@ pub struct ClusterConfig {
     /// crashes (`Sim::crash_node`, `Sim::restart_node`), fresh. Off by
     /// default: a fault plan's actor crashes would then find them.
     pub restartable: bool,
+    /// What a payload-transfer effect costs (zero by default).
+    pub payload: PayloadCost,
 }
 
 /// A guard of the simulated backends switched off on purpose (the swarm's
@@ -74,6 +76,7 @@ impl ClusterConfig {
             harness_local: false,
             mutation: None,
             restartable: false,
+            payload: PayloadCost::default(),
         }
     }
 }
@@ -207,6 +210,7 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     sc.local_link = LinkModel::constant(10 * MICROS);
     sc.codec_roundtrip = cfg.codec_check;
     sc.max_events = Some(cfg.max_events);
+    sc.payload = cfg.payload;
     let mut sim = Sim::new(sc);
     let mut plan = ClusterPlan::for_config(&cfg.sched);
     if cfg.harness_local {
