@@ -25,6 +25,11 @@ fn main() -> Result<(), String> {
     if let Some(m) = rest.get(1) {
         sc.policies.oversample = m.parse().map_err(|e| format!("oversample: {e}"))?;
     }
+    // GYRE_PAYLOAD_COST=LATENCY_US,GBPS prices payload-transfer effects
+    // (`gyre simulate --payload-cost`).
+    if let Ok(cost) = std::env::var("GYRE_PAYLOAD_COST") {
+        sc.transfer.set_payload_cost(&cost)?;
+    }
     let runs = sc
         .runs(&Selection::parse("all"), Some(staleness))
         .map_err(|e| e.to_string())?;

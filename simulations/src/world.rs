@@ -10,7 +10,7 @@ use gyre_actors::sched::plan::{
 };
 use gyre_actors::sched::scheduler::Scheduler;
 use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
-use gyre_runtime::sim::{Latency, LinkModel, Sim, SimConfig};
+use gyre_runtime::sim::{Latency, LinkModel, PayloadCost, Sim, SimConfig};
 use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs};
 
 use crate::backends::{SimEngine, SimEvaluator, SimHarness, SimMemory, SimTrainer, SimTransfer};
@@ -44,6 +44,8 @@ pub struct ClusterConfig {
     /// for the checker's "no answered call lost" (memory grows with the
     /// calls of a run, so the lab's scenario runs turn it off).
     pub track_calls: bool,
+    /// What a payload-transfer effect costs (zero by default).
+    pub payload: PayloadCost,
 }
 
 /// A guard of the simulated backends switched off on purpose (the swarm's
@@ -82,6 +84,7 @@ impl ClusterConfig {
             mutation: None,
             restartable: false,
             track_calls: true,
+            payload: PayloadCost::default(),
         }
     }
 }
@@ -225,6 +228,7 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     sc.local_link = LinkModel::constant(10 * MICROS);
     sc.codec_roundtrip = cfg.codec_check;
     sc.max_events = Some(cfg.max_events);
+    sc.payload = cfg.payload;
     let mut sim = Sim::new(sc);
     let mut plan = ClusterPlan::for_config(&cfg.sched);
     if cfg.harness_local {

@@ -77,6 +77,11 @@ pub struct SimulateArgs {
     /// `[policies] oversample`.
     #[arg(long, value_name = "M")]
     pub oversample: Option<u32>,
+    /// Price payload-transfer effects (`SimConfig::payload`): a latency in
+    /// µs and a bandwidth in GB/s; overrides the scenario's `[transfer]
+    /// payload_latency_us, payload_gbps` (0,0: instant, the default).
+    #[arg(long, value_name = "LATENCY_US,GBPS")]
+    pub payload_cost: Option<String>,
     /// Swarm-test N small clusters under seed-drawn fault plans (seeds from
     /// `--seed`): prints the faults injected and the outcome of each, and
     /// fails naming the seeds to replay.
@@ -101,6 +106,11 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     if let Some(m) = args.oversample {
         sc.policies.oversample = m;
+    }
+    if let Some(cost) = &args.payload_cost {
+        sc.transfer
+            .set_payload_cost(cost)
+            .map_err(anyhow::Error::msg)?;
     }
     if args.profile {
         return print_profile(&sc, &args);

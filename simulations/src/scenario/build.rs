@@ -10,12 +10,13 @@
 //! C_e; device memory is the cell's GPUs.
 
 use gyre_actors::sched::{DispatchMode, Policy, SampleMode, SchedConfig};
+use gyre_runtime::sim::{Latency, PayloadCost};
 use gyre_runtime::{MILLIS, Nanos, SECS};
 
 use crate::costs::{Costs, Span};
 use crate::world::ClusterConfig;
 
-use super::spec::{ModelSpec, Scenario};
+use super::spec::{ModelSpec, Scenario, TransferSpec};
 
 /// Shares of the rollout → training switch: unload, free rollout memory,
 /// restore training memory.
@@ -105,7 +106,17 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
     cfg.track_calls = false;
     cfg.costs = costs(s, run);
     cfg.max_events = u64::MAX;
+    cfg.payload = payload_cost(&s.transfer);
     cfg
+}
+
+/// The simulator's price of a payload-transfer effect, from `[transfer]`.
+pub fn payload_cost(t: &TransferSpec) -> PayloadCost {
+    PayloadCost {
+        latency: Latency::Const((t.payload_latency_us * 1e3).round() as Nanos),
+        bytes_per_sec: (t.payload_gbps * 1e9).round() as u64,
+        fail: 0.0,
+    }
 }
 
 fn costs(s: &Scenario, run: &RunSpec) -> Costs {

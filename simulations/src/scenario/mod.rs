@@ -216,6 +216,8 @@ pub fn validate(s: &Scenario) -> Result<(), FieldError> {
         ("switch.to_training_s", s.switch.to_training_s),
         ("switch.to_rollout_s", s.switch.to_rollout_s),
         ("transfer.latency_ms", s.transfer.latency_ms),
+        ("transfer.payload_latency_us", s.transfer.payload_latency_us),
+        ("transfer.payload_gbps", s.transfer.payload_gbps),
         ("policies.tau_s", s.policies.tau_s),
     ] {
         check(

@@ -135,6 +135,35 @@ pub struct TransferSpec {
     pub read_gbps: f64,
     /// Bandwidth of a weight publication to every rollout engine.
     pub publish_gbps: f64,
+    /// What one payload-transfer effect (`PayloadRead`/`Write`/`Release`)
+    /// costs in the simulator: a latency in µs plus its bytes over GB/s
+    /// (`SimConfig::payload`). 0 and 0 (the default) make them instant.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub payload_latency_us: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub payload_gbps: f64,
+}
+
+impl TransferSpec {
+    /// Sets the payload-transfer cost from `LATENCY_US,GBPS` (e.g. `50,10`).
+    pub fn set_payload_cost(&mut self, text: &str) -> Result<(), String> {
+        let bad = || format!("payload cost {text:?}: expected LATENCY_US,GBPS (two numbers ≥ 0)");
+        let (lat, gbps) = text.split_once(',').ok_or_else(bad)?;
+        let num = |t: &str| {
+            t.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(bad)
+        };
+        self.payload_latency_us = num(lat)?;
+        self.payload_gbps = num(gbps)?;
+        Ok(())
+    }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

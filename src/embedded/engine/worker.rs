@@ -21,7 +21,7 @@ use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
 use gyre_actors::sched::proto::payload::Prompt;
 use gyre_gpu::engine::{Engine, PinId, ReqId};
-use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Recipient};
+use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
 use super::EngineStats;

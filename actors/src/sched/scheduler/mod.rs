@@ -105,6 +105,17 @@ pub struct TransitionRecord {
     pub displaced: usize,
 }
 
+/// One role switch as the scheduler saw it: from its decision (to
+/// training) or its return order (to rollout) until the cell holds the
+/// new role (`Joined`, `Returned`). Observation only: nothing reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchTime {
+    pub cell: u32,
+    pub to_training: bool,
+    pub began: Nanos,
+    pub took: Nanos,
+}
+
 /// One burst-end decision (SPEC 2.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BurstRecord {
@@ -133,6 +144,8 @@ pub struct LossRecord {
 #[derive(Debug, Clone, Default)]
 pub struct SchedLog {
     pub transitions: Vec<TransitionRecord>,
+    /// Every switch that completed, in completion order.
+    pub switch_times: Vec<SwitchTime>,
     pub bursts: Vec<BurstRecord>,
     /// Decisions the ledger refused (must stay empty).
     pub errors: Vec<String>,
@@ -165,6 +178,8 @@ pub struct Scheduler {
     burst: u64,
     done: bool,
     switches: Vec<Option<SwitchId>>,
+    /// When each cell's current switch began (for [`SchedLog::switch_times`]).
+    switch_began: Vec<Nanos>,
     next_switch: u64,
     /// Cells of an all-at-once switch (Colocate, Async's start), and those
     /// of them whose training memory is resident.
@@ -225,6 +240,7 @@ impl Scheduler {
             burst: 0,
             done: false,
             switches: vec![None; k],
+            switch_began: vec![0; k],
             next_switch: 0,
             group: BTreeSet::new(),
             group_switched: BTreeSet::new(),
@@ -290,6 +306,19 @@ impl Scheduler {
     fn new_switch(&mut self) -> SwitchId {
         self.next_switch += 1;
         SwitchId(self.next_switch)
+    }
+
+    /// Logs a switch of `cell` that ends `now` (observation only).
+    fn switch_done(&mut self, cell: u32, to_training: bool, now: Nanos) {
+        let began = self.switch_began.get(cell as usize).copied().unwrap_or(now);
+        let took = now.saturating_sub(began);
+        self.log.switch_times.push(SwitchTime {
+            cell,
+            to_training,
+            began,
+            took,
+        });
+        tracing::debug!(cell, to_training, took_us = took / 1_000, "switch done");
     }
 
     fn current(&self, cell: u32, switch: SwitchId) -> bool {
@@ -452,6 +481,7 @@ impl Actor for Scheduler {
                     if let Err(e) = self.ledger.set_role(cell, Role::Training) {
                         self.log.errors.push(e.to_string());
                     }
+                    self.switch_done(cell, true, cx.now());
                     self.supply.reset(cx.now());
                     self.try_transition(cx);
                 }
@@ -467,6 +497,7 @@ impl Actor for Scheduler {
                     if let Err(e) = self.ledger.set_role(cell, Role::Rollout) {
                         self.log.errors.push(e.to_string());
                     }
+                    self.switch_done(cell, false, cx.now());
                     self.launch(cx);
                     self.try_transition(cx);
                 }

@@ -173,6 +173,7 @@ impl Scheduler {
         for &c in cells {
             let switch = self.new_switch();
             self.switches[c as usize] = Some(switch);
+            self.switch_began[c as usize] = cx.now();
             let mine: Vec<_> = moves.iter().filter(|m| m.from == c).collect();
             let reroutes = mine.iter().map(|m| (m.exec, m.to)).collect();
             let cell_moves = mine
@@ -281,6 +282,7 @@ impl Scheduler {
         self.group_switched.remove(&cell);
         let switch = self.new_switch();
         self.switches[cell as usize] = Some(switch);
+        self.switch_began[cell as usize] = cx.now();
         cx.send(
             addr,
             CellMsg::Return {
