@@ -41,4 +41,20 @@ fn a_recorded_run_replays_within_ten_percent_per_step_with_the_same_role_changes
         );
     }
     assert!(r.same_role_changes, "{:#?}", r.bursts);
+
+    // The side-by-side timeline (`--plots`): both runs, the shared legend.
+    let svg = std::env::temp_dir().join(format!("gyre-replay-{}.svg", std::process::id()));
+    gyre_simulations::replay::plot::draw(&r, &svg).expect("the timeline is drawn");
+    let text = std::fs::read_to_string(&svg).expect("the timeline is written");
+    let _ = std::fs::remove_file(&svg);
+    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    for label in [
+        "recorded",
+        "simulated (replay)",
+        "rollout",
+        "switching",
+        "training",
+    ] {
+        assert!(text.contains(label), "no {label:?} in the timeline");
+    }
 }

@@ -64,26 +64,12 @@ pub fn draw(r: &ReplayReport, path: &Path) -> Result<(), PlotError> {
             ("sans-serif", 20).into_font(),
         ))
         .map_err(|e| err(e.to_string()))?;
-    for (i, (label, col)) in [
+    let legend = [
         ("rollout", ROLLOUT),
         ("switching", SWITCHING),
         ("training", TRAINING),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let x = 20 + 160 * i as i32;
-        title
-            .draw(&Rectangle::new([(x, 38), (x + 18, 52)], col.filled()))
-            .map_err(|e| err(e.to_string()))?;
-        title
-            .draw(&Text::new(
-                *label,
-                (x + 24, 38),
-                ("sans-serif", 15).into_font(),
-            ))
-            .map_err(|e| err(e.to_string()))?;
-    }
+    ];
+    crate::lab::plot::draw_legend(&title, &legend, 160, &err)?;
     let (top, bottom) = rest.split_vertically(panel);
     let panels = [
         (top, "recorded", &r.recorded_switches, rec_ends),

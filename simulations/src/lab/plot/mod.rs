@@ -30,6 +30,30 @@ impl PlotError {
     }
 }
 
+/// A row of colour swatches with their labels across the top of a plot
+/// (the timeline plots of the lab and of a replay share it), `step` pixels
+/// apart.
+pub(crate) fn draw_legend<DB: plotters::prelude::DrawingBackend>(
+    area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    items: &[(&str, RGBColor)],
+    step: i32,
+    err: impl Fn(String) -> PlotError,
+) -> Result<(), PlotError> {
+    use plotters::prelude::*;
+    for (i, (label, col)) in items.iter().enumerate() {
+        let x = 20 + step * i as i32;
+        area.draw(&Rectangle::new([(x, 38), (x + 18, 52)], col.filled()))
+            .map_err(|e| err(e.to_string()))?;
+        area.draw(&Text::new(
+            *label,
+            (x + 24, 38),
+            ("sans-serif", 15).into_font(),
+        ))
+        .map_err(|e| err(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// One colour per run, readable on white and distinct for colour-blind
 /// readers (Okabe–Ito).
 pub const RUN_COLOURS: [RGBColor; 8] = [

@@ -68,19 +68,7 @@ pub fn draw(c: &Comparison, path: &Path) -> Result<(), PlotError> {
         ("training", TRAINING),
         ("idle", IDLE),
     ];
-    for (i, (label, col)) in legend.iter().enumerate() {
-        let x = 20 + 200 * i as i32;
-        title
-            .draw(&Rectangle::new([(x, 38), (x + 18, 52)], col.filled()))
-            .map_err(|e| err(e.to_string()))?;
-        title
-            .draw(&Text::new(
-                *label,
-                (x + 24, 38),
-                ("sans-serif", 15).into_font(),
-            ))
-            .map_err(|e| err(e.to_string()))?;
-    }
+    super::draw_legend(&title, &legend, 200, &err)?;
     for (i, r) in c.results.iter().enumerate() {
         let (panel, next) = rest.split_vertically(panel_h[i]);
         rest = next;
