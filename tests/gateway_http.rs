@@ -199,6 +199,7 @@ fn bad_input_gets_each_apis_error_shape_and_records_nothing() {
         ("/v1/messages", vec![("x-api-key", "gyre-wrong".into())], ok.to_string().into_bytes(), 401, "invalid API key"),
         ("/v1/messages", vec![("x-api-key", other_key.clone()), ("x-gyre-execution", id.clone())], ok.to_string().into_bytes(), 403, "another execution"),
         ("/v1/messages", vec![("x-api-key", key.clone())], json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "y".repeat(1000)}]}).to_string().into_bytes(), 400, "prompt is too long"),
+        ("/v1/messages", vec![("x-api-key", key.clone()), ("x-gyre-purpose", "critic".into())], ok.to_string().into_bytes(), 400, "header x-gyre-purpose: \"critic\""),
     ];
     for (path, headers, body, status, want) in &cases {
         let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -242,6 +243,21 @@ fn bad_input_gets_each_apis_error_shape_and_records_nothing() {
     assert!(trace(&g, &id).is_empty());
     // The other execution still works; closed executions' keys are refused.
     assert_eq!(post(&g, "/v1/messages", &other_key, &ok).0, 200);
+    // A call the harness marks as a critique is recorded as one (never a
+    // training target); without the header a call is a policy turn.
+    let (s, b) = request(
+        &g.api,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", &other_key), ("x-gyre-purpose", "critique")],
+        ok.to_string().as_bytes(),
+    );
+    assert_eq!(s, 200, "{b}");
+    let purposes: Vec<Value> = trace(&g, &other)
+        .iter()
+        .map(|r| r["purpose"].clone())
+        .collect();
+    assert_eq!(purposes, [json!("policy"), json!("critique")]);
     assert_eq!(
         admin(&g, "POST", &format!("/admin/executions/{other}/close")).0,
         200
@@ -249,14 +265,14 @@ fn bad_input_gets_each_apis_error_shape_and_records_nothing() {
     let (s, b) = post(&g, "/v1/messages", &other_key, &ok);
     assert_eq!(s, 401, "{b}");
     assert!(b.contains("closed"));
-    assert_eq!(trace(&g, &other).len(), 1);
+    assert_eq!(trace(&g, &other).len(), 2);
     assert_eq!(
         request(&g.admin, "GET", "/admin/executions", &[], b"").0,
         401
     );
     let (s, m) = admin(&g, "GET", "/metrics");
     assert_eq!(s, 200);
-    assert!(m.contains("gyre_gateway_calls_committed_total 1"), "{m}");
+    assert!(m.contains("gyre_gateway_calls_committed_total 2"), "{m}");
 }
 
 #[test]

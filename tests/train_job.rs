@@ -237,6 +237,88 @@ batch_groups = 2
 }
 
 #[test]
+fn an_overall_timeout_is_counted_its_process_group_killed_and_its_group_trains() {
+    if !python_has_openai() {
+        eprintln!("\n*** SKIPPED an_overall_timeout_is_counted: python3 without openai ***\n");
+        return;
+    }
+    let d = temp("overall");
+    let ex = repo().join("examples");
+    // The first run to start never ends, in a child of its own: the whole
+    // group must go. Its harness timeout equals the overall timeout, so
+    // the plane's overall timer (started at dispatch, before the process)
+    // is what ends it.
+    let marker = format!("{}", 86_000_000 + std::process::id());
+    let harness = d.join("harness.sh");
+    write_exec(
+        &harness,
+        &format!(
+            "if mkdir {d}/claim 2>/dev/null; then\n\
+               echo \"$GYRE_EXECUTION\" > {d}/stuck.id\n\
+               sleep {marker} & wait\n\
+             fi\n\
+             exec python3 {agent}",
+            d = d.display(),
+            agent = ex.join("harness/byte_game/agent.py").display()
+        ),
+    );
+    let job = d.join("job.toml");
+    let text = format!(
+        r#"
+[tasks]
+dir = "{tasks}"
+[harness]
+command = ["{harness}"]
+timeout = "15s"
+kill_grace = "1s"
+[evaluator]
+command = ["python3", "{grade}", "{{workspace}}"]
+[run]
+overall_timeout = "15s"
+log_dir = "logs"
+work_dir = "work"
+# φ = 0: the two steps of the one burst train exactly the four groups
+# dispatched, the stuck run's among them.
+[train]
+steps = 2
+phi = 0.0
+mu = 2
+batch_groups = 2
+"#,
+        tasks = ex.join("tasks/byte_game").display(),
+        harness = harness.display(),
+        grade = ex.join("harness/byte_game/grade.py").display(),
+    );
+    std::fs::write(&job, text).unwrap();
+    let report = run_json(&["train", "--tiny", "--json", "--job", job.to_str().unwrap()]);
+    let j = &report["job"];
+    assert_eq!(report["steps"], 2, "{report}");
+    assert_eq!(j["overall_timeouts"], 1, "{j}");
+    assert_eq!(j["harness_timeouts"], 0, "{j}");
+    assert_eq!(j["completed"], 15, "{j}");
+    for u in report["updates"].as_array().unwrap() {
+        assert!(u["targets"].as_u64().unwrap() > 0, "{u}");
+    }
+    assert_eq!(report["calls_without_record"], 0);
+    let stuck = std::fs::read_to_string(d.join("stuck.id")).unwrap();
+    let bindings = std::fs::read_to_string(d.join("logs/bindings.jsonl")).unwrap();
+    assert!(
+        !bindings.contains(stuck.trim()),
+        "an overall timeout leaves no budget to score in: {bindings}"
+    );
+    let left = Command::new("pgrep")
+        .args(["-f", &format!("sleep {marker}")])
+        .output()
+        .expect("pgrep runs");
+    assert!(
+        left.stdout.is_empty(),
+        "the stuck run's child outlived it: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn the_python_tasks_train_through_the_openai_agent() {
     if !python_has_openai() {
         eprintln!(

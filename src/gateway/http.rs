@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
+use gyre_actors::trajectory::CallPurpose;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -70,6 +71,23 @@ async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, CallError> {
                 gw.config.max_body_bytes
             ))
         })
+}
+
+/// `x-gyre-purpose`: a harness may mark a call as a critique (its output
+/// is fed back as input later and must not be trained on, SPEC 3.3); a
+/// call without the header is a policy turn.
+fn purpose(headers: &HeaderMap) -> Result<CallPurpose, CallError> {
+    let Some(v) = headers.get("x-gyre-purpose") else {
+        return Ok(CallPurpose::Policy);
+    };
+    match v.to_str().map(str::trim) {
+        Ok("policy") => Ok(CallPurpose::Policy),
+        Ok("critique") => Ok(CallPurpose::Critique),
+        _ => Err(CallError::InvalidRequest(format!(
+            "header x-gyre-purpose: {:?} is neither \"policy\" nor \"critique\"",
+            String::from_utf8_lossy(v.as_bytes())
+        ))),
+    }
 }
 
 /// Key → execution; `x-gyre-execution`, when sent, must be the key's own.
@@ -286,13 +304,15 @@ async fn call(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Res
     };
     let prepared = async {
         let execution = authorize(&gw, &headers)?;
+        let purpose = purpose(&headers)?;
         let bytes = read_body(&gw, body).await?;
         let obj = parse_body(&bytes)?;
         // Rendering is proportional to what is new (history is reused),
         // so it runs inline.
         let (req, spec) = parse_call(&gw, api, &execution, &obj)?;
         super::fields::check_sampling(&req.params)?;
-        let p = gw.prepare(&execution, &req)?;
+        let mut p = gw.prepare(&execution, &req)?;
+        p.purpose = purpose;
         let (front, info) = spec.build(&req, &execution, p.call_index);
         Ok::<_, CallError>((p, req, front, info))
     }

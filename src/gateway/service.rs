@@ -113,6 +113,9 @@ pub struct Prepared {
     /// Text the proxy wrote at the start of the assistant's turn (its ids
     /// end `prompt`): a tool call's opening forced by `tool_choice`.
     pub forced: String,
+    /// What the harness said the call is for (`x-gyre-purpose`): a
+    /// critique's output is never a training target (SPEC 3.3).
+    pub purpose: CallPurpose,
 }
 
 /// What the engine produced for a call, as it will be recorded.
@@ -345,6 +348,7 @@ impl Gateway {
             request_hash: hashes.last().copied().unwrap_or_else(chain_start),
             start_ns,
             forced: enforced.forced,
+            purpose: CallPurpose::Policy,
         })
     }
 
@@ -356,7 +360,7 @@ impl Gateway {
             thread: None,
             parent_call: None,
             role: None,
-            purpose: CallPurpose::Policy,
+            purpose: p.purpose,
             policy_version: produced
                 .served
                 .as_ref()

@@ -296,6 +296,19 @@ impl HarnessLauncher for JobLauncher {
                 .unwrap_or(HarnessOutcome::Failed { complete: false })
         })
     }
+
+    /// The plane's overall timer usually ends a run before the runner's
+    /// own deadline (it starts earlier, at dispatch): that run's future is
+    /// dropped (its process group killed by the runner's guard) and counted
+    /// here, as the runner would have.
+    fn stopped(&self, _execution: &str, timed_out: bool) {
+        let c = if timed_out {
+            &self.counters.overall_timeouts
+        } else {
+            &self.counters.aborted
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl WorkspaceScorer for JobScorer {

@@ -90,7 +90,13 @@ impl Execution {
         self.state = ExecState::Closed(status);
         cx.cancel_timer(&ExecTimer::Overall);
         if abort_harness {
-            cx.send(self.links.harness, HarnessReq::Abort { exec: self.id });
+            let exec = self.id;
+            let stop = if status == ExecStatus::OverallTimeout {
+                HarnessReq::TimedOut { exec }
+            } else {
+                HarnessReq::Abort { exec }
+            };
+            cx.send(self.links.harness, stop);
         }
         tracing::debug!(exec = ?self.id, ?status, calls = self.calls, "execution closed");
         cx.send(

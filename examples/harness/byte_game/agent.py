@@ -17,6 +17,13 @@ more calls per process spread the SDK's import (most of a run's CPU time)
 over more of the policy's answers. AGENT_MAX_TOKENS (default 4) bounds each
 answer (only its first byte is graded; longer answers keep calls in flight
 longer, so role changes find them there).
+
+AGENT_CRITIQUE_TOKENS (default 0: none) adds a critique call after every
+main answer: the model reviews its answer in up to that many tokens, and
+the next main call reads the review. The call carries `x-gyre-purpose:
+critique`, so the gateway records it as one and its tokens never become
+training targets (SPEC 3.3): long critiques keep the engines busy (calls
+in flight when a cell switches) without diluting the graded answers.
 """
 
 import hashlib
@@ -29,6 +36,7 @@ from openai import OpenAI
 TURNS = int(os.environ.get("AGENT_TURNS", "3"))
 COMPACT_EVERY = max(1, int(os.environ.get("AGENT_COMPACT_EVERY", "2")))
 MAX_TOKENS = int(os.environ.get("AGENT_MAX_TOKENS", "4"))
+CRITIQUE_TOKENS = int(os.environ.get("AGENT_CRITIQUE_TOKENS", "0"))
 SUB_AGENT_SHARE = 64  # of 256: about one run in four
 
 
@@ -36,9 +44,14 @@ def target(q: int) -> str:
     return chr(ord("a") + q % 8)
 
 
-def ask(client: OpenAI, messages: list) -> str:
+def ask(client: OpenAI, messages: list, max_tokens: int = MAX_TOKENS, critique: bool = False) -> str:
+    headers = {"x-gyre-purpose": "critique"} if critique else None
     r = client.chat.completions.create(
-        model="gyre-policy", messages=messages, max_tokens=MAX_TOKENS, temperature=1.0
+        model="gyre-policy",
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        extra_headers=headers,
     )
     return r.choices[0].message.content or ""
 
@@ -61,7 +74,12 @@ def main() -> int:
         hit = text[:1] == want
         hits += hit
         messages.append({"role": "assistant", "content": text})
-        messages.append({"role": "user", "content": "ok" if hit else "retry"})
+        verdict = "ok" if hit else "retry"
+        if CRITIQUE_TOKENS > 0:
+            review = messages + [{"role": "user", "content": "critique"}]
+            note = ask(client, review, CRITIQUE_TOKENS, critique=True)
+            verdict = f"{verdict}; critique: {note}"
+        messages.append({"role": "user", "content": verdict})
         if turn == 0 and draw < SUB_AGENT_SHARE:
             ask(client, [{"role": "system", "content": "helper"}, {"role": "user", "content": f"task {q}"}])
     with open("answers.json", "w") as f:

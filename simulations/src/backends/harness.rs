@@ -446,7 +446,7 @@ impl Actor for SimHarness {
                 output_tokens,
                 ..
             } => self.answer(call, output_tokens, cx),
-            HarnessReq::Abort { exec } => {
+            HarnessReq::Abort { exec } | HarnessReq::TimedOut { exec } => {
                 if let Some(run) = self.runs.remove(&exec) {
                     self.stats.aborted += 1;
                     cx.cancel_timer(&HarnessTimer::Think(exec));

@@ -26,8 +26,9 @@ pub enum ToFront {
     Begin { exec: ExecId, group: GroupId },
     /// `call` was answered by the proxy: its stream is complete.
     Answered { call: CallId },
-    /// Stop the run's harness (overall timeout, cancellation).
-    Abort { exec: ExecId },
+    /// Stop the run's harness: `timed_out` when its overall timeout ended
+    /// it, else a cancellation.
+    Abort { exec: ExecId, timed_out: bool },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -150,12 +151,15 @@ impl GatewayHarness {
                     cx.send(self.front, ToFront::Answered { call });
                 }
             }
-            HarnessReq::Abort { exec } => {
-                if self.end(exec, cx).is_some() {
-                    self.stats.aborted += 1;
-                    cx.send(self.front, ToFront::Abort { exec });
-                }
-            }
+            HarnessReq::Abort { exec } => self.stop(exec, false, cx),
+            HarnessReq::TimedOut { exec } => self.stop(exec, true, cx),
+        }
+    }
+
+    fn stop(&mut self, exec: ExecId, timed_out: bool, cx: &mut Cx<'_, Self>) {
+        if self.end(exec, cx).is_some() {
+            self.stats.aborted += 1;
+            cx.send(self.front, ToFront::Abort { exec, timed_out });
         }
     }
 }
@@ -295,7 +299,7 @@ mod tests {
         sim.run().unwrap();
         assert!(matches!(
             sim.take_probe(front).into_iter().map(|r| r.msg).collect::<Vec<_>>()[..],
-            [ToFront::Answered { call: c }, ToFront::Abort { exec: e }] if c == call && e == other
+            [ToFront::Answered { call: c }, ToFront::Abort { exec: e, timed_out: false }] if c == call && e == other
         ));
         assert!(matches!(
             heard(&mut sim, exec_port)[..],

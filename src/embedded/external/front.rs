@@ -64,7 +64,7 @@ impl Front {
                     self.executions.answered(call);
                     self.streams.answered(call);
                 }
-                ToFront::Abort { exec } => self.abort(exec),
+                ToFront::Abort { exec, timed_out } => self.abort(exec, timed_out),
             }
         }
         self.stop_all();
@@ -139,8 +139,12 @@ impl Front {
         self.runs.insert(exec, (meta.id, task.abort_handle()));
     }
 
-    fn abort(&mut self, exec: ExecId) {
+    fn abort(&mut self, exec: ExecId, timed_out: bool) {
         if let Some((id, h)) = self.runs.remove(&exec) {
+            // A run that ended by itself was counted by its launcher.
+            if !h.is_finished() {
+                self.launcher.stopped(&id, timed_out);
+            }
             h.abort();
             let _ = self.gateway.close_execution(&id);
             self.board.count(|s| s.aborted += 1);

@@ -68,6 +68,14 @@ impl LaunchSpec {
 /// Starts one harness per execution.
 pub trait HarnessLauncher: Send + Sync + 'static {
     fn launch(&self, spec: LaunchSpec) -> HarnessRun;
+
+    /// The plane is about to drop `execution`'s run (the future
+    /// [`HarnessLauncher::launch`] returned never resolves then):
+    /// `timed_out` when its overall timeout ended it, else a cancellation.
+    /// Lets a launcher that counts outcomes count this one.
+    fn stopped(&self, execution: &str, timed_out: bool) {
+        let _ = (execution, timed_out);
+    }
 }
 
 /// Runs `argv` (placeholders filled per execution) in the workspace.

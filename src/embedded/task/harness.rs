@@ -401,7 +401,7 @@ impl Actor for HarnessWorker {
                 reply_to,
             } => self.begin(exec, group, reply_to, cx),
             HarnessReq::Answer { call, output, .. } => self.answer(call, output, cx),
-            HarnessReq::Abort { exec } => self.abort(exec, cx),
+            HarnessReq::Abort { exec } | HarnessReq::TimedOut { exec } => self.abort(exec, cx),
         }
     }
 }

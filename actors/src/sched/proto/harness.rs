@@ -23,8 +23,13 @@ pub enum HarnessReq {
         output_tokens: u64,
         output: BlobId,
     },
-    /// Stop the run (overall timeout or cancellation).
+    /// Stop the run: the scheduler cancelled it (an over-sampled group's
+    /// surplus).
     Abort { exec: ExecId },
+    /// Stop the run: its overall timeout ended it. Backends stop it as for
+    /// [`HarnessReq::Abort`]; a live runner reports it as an overall
+    /// timeout, which a cancellation is not.
+    TimedOut { exec: ExecId },
 }
 
 /// How the harness itself ended a run.
