@@ -57,6 +57,39 @@ fn invariants_run_after_every_event_and_see_its_result() {
 }
 
 #[test]
+fn the_view_names_the_actor_each_event_ran_on_and_counts_outside_changes() {
+    let mut sim = Sim::new(SimConfig::new(1));
+    let a = sim.spawn(NodeId(0), Counter::default());
+    let b = sim.spawn(NodeId(1), Counter::default());
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let log = Rc::clone(&seen);
+    sim.set_invariant(move |view| {
+        log.borrow_mut()
+            .push((view.handled(), view.outside_changes()));
+        Ok(())
+    });
+    sim.inject(a.id(), b, ());
+    sim.inject(b.id(), a, ());
+    sim.run().unwrap();
+    // Two spawns counted before any event; then the starts and deliveries,
+    // each on its own actor.
+    assert_eq!(
+        *seen.borrow(),
+        vec![
+            (Some(a.id()), 2),
+            (Some(b.id()), 2),
+            (Some(b.id()), 2),
+            (Some(a.id()), 2),
+        ]
+    );
+    // A crash outside any handler moves the count, and so does a state
+    // change made through `actor_mut`.
+    assert!(sim.crash(a.id()));
+    sim.actor_mut(b).unwrap().count = 0;
+    assert_eq!(sim.view().outside_changes(), 4);
+}
+
+#[test]
 fn a_violation_stops_the_run_with_the_seed() {
     let seed = 77;
     let mut sim = Sim::new(SimConfig::new(seed));
