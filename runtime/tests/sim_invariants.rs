@@ -6,9 +6,9 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use gyre_runtime::sim::{
-    FaultPlan, Sim, SimConfig, SimFailure, SweepError, check_seeds, sweep_seeds,
+    FaultPlan, Sim, SimConfig, SimFailure, SimView, SweepError, check_seeds, sweep_seeds,
 };
-use gyre_runtime::{Actor, ActorId, Cx, NodeId};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, NodeId};
 
 #[derive(Default)]
 struct Counter {
@@ -24,17 +24,28 @@ impl Actor for Counter {
     }
 }
 
-#[test]
-fn invariants_run_after_every_event_and_see_its_result() {
+/// Two counters on two nodes, and an invariant that logs what `read` sees
+/// after every event.
+type Logged<T> = (Sim, Addr<Counter>, Addr<Counter>, Rc<RefCell<Vec<T>>>);
+
+fn two_counters_logging<T: 'static>(read: impl Fn(&SimView<'_>) -> T + 'static) -> Logged<T> {
     let mut sim = Sim::new(SimConfig::new(1));
     let a = sim.spawn(NodeId(0), Counter::default());
     let b = sim.spawn(NodeId(1), Counter::default());
-    let calls = Rc::new(RefCell::new(Vec::new()));
-    let log = Rc::clone(&calls);
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let log = Rc::clone(&seen);
     sim.set_invariant(move |view| {
-        let total: u32 = view.actors::<Counter>().map(|(_, c)| c.count).sum();
-        log.borrow_mut().push((view.events(), total));
+        log.borrow_mut().push(read(view));
         Ok(())
+    });
+    (sim, a, b, seen)
+}
+
+#[test]
+fn invariants_run_after_every_event_and_see_its_result() {
+    let (mut sim, a, b, calls) = two_counters_logging(|view| {
+        let total: u32 = view.actors::<Counter>().map(|(_, c)| c.count).sum();
+        (view.events(), total)
     });
     let second = Rc::new(Cell::new(0u64));
     let n = Rc::clone(&second);
@@ -58,16 +69,8 @@ fn invariants_run_after_every_event_and_see_its_result() {
 
 #[test]
 fn the_view_names_the_actor_each_event_ran_on_and_counts_outside_changes() {
-    let mut sim = Sim::new(SimConfig::new(1));
-    let a = sim.spawn(NodeId(0), Counter::default());
-    let b = sim.spawn(NodeId(1), Counter::default());
-    let seen = Rc::new(RefCell::new(Vec::new()));
-    let log = Rc::clone(&seen);
-    sim.set_invariant(move |view| {
-        log.borrow_mut()
-            .push((view.handled(), view.outside_changes()));
-        Ok(())
-    });
+    let (mut sim, a, b, seen) =
+        two_counters_logging(|view| (view.handled(), view.outside_changes()));
     sim.inject(a.id(), b, ());
     sim.inject(b.id(), a, ());
     sim.run().unwrap();
