@@ -76,7 +76,7 @@ pub enum CoordinatorMsg {
     Done { req: u64, worker: u32, value: u64 },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CoordinatorTimer {
     RoundTimeout(u32),
 }

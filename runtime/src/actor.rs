@@ -6,6 +6,7 @@
 //! One message enum per actor, which is also its wire enum (append-only).
 
 use std::fmt::Debug;
+use std::hash::Hash;
 use std::marker::PhantomData;
 
 use serde::Serialize;
@@ -23,8 +24,9 @@ impl<T: Serialize + DeserializeOwned + Debug + Send + 'static> Message for T {}
 pub trait Actor: Send + Sized + 'static {
     /// The one message enum of this actor.
     type Msg: Message;
-    /// Timer keys: setting a key that is already armed re-arms it.
-    type Timer: Clone + Ord + Debug + Send + 'static;
+    /// Timer keys: setting a key that is already armed re-arms it. Hashed
+    /// (the timer table looks keys up on every set and fire).
+    type Timer: Clone + Ord + Hash + Debug + Send + 'static;
 
     fn on_start(&mut self, _cx: &mut Cx<'_, Self>) {}
 

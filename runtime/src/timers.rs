@@ -5,14 +5,17 @@
 //! typed timer keys to tokens so that re-arming or cancelling a key makes any
 //! older token stale. A stale token that still fires is ignored, which lets
 //! hosts skip eager removal from their queues.
+//!
+//! Both directions are hash maps: a simulated run sets and fires millions
+//! of timers, and nothing iterates the table, so its order never shows.
 
-use std::collections::BTreeMap;
+use std::hash::Hash;
 
 use rustc_hash::FxHashMap;
 
 #[derive(Debug)]
 pub struct TimerTable<T> {
-    by_key: BTreeMap<T, u64>,
+    by_key: FxHashMap<T, u64>,
     by_token: FxHashMap<u64, T>,
     next_token: u64,
 }
@@ -20,14 +23,14 @@ pub struct TimerTable<T> {
 impl<T> Default for TimerTable<T> {
     fn default() -> Self {
         Self {
-            by_key: BTreeMap::new(),
+            by_key: FxHashMap::default(),
             by_token: FxHashMap::default(),
             next_token: 0,
         }
     }
 }
 
-impl<T: Ord + Clone> TimerTable<T> {
+impl<T: Eq + Hash + Clone> TimerTable<T> {
     /// Arms `key`; returns the new token and the token it replaces, if any.
     pub fn arm(&mut self, key: T) -> (u64, Option<u64>) {
         let token = self.next_token;

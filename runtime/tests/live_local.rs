@@ -140,7 +140,7 @@ async fn request_reply_spawn_and_stop() {
 
 // ---------- timers ----------
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Tick {
     Once,
     Rearmed,

@@ -6,9 +6,9 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use gyre_runtime::sim::{
-    FaultPlan, Sim, SimConfig, SimFailure, SweepError, check_seeds, sweep_seeds,
+    FaultPlan, Sim, SimConfig, SimFailure, SimView, SweepError, check_seeds, sweep_seeds,
 };
-use gyre_runtime::{Actor, ActorId, Cx, NodeId};
+use gyre_runtime::{Actor, ActorId, Addr, Cx, NodeId};
 
 #[derive(Default)]
 struct Counter {
@@ -24,17 +24,28 @@ impl Actor for Counter {
     }
 }
 
-#[test]
-fn invariants_run_after_every_event_and_see_its_result() {
+/// Two counters on two nodes, and an invariant that logs what `read` sees
+/// after every event.
+type Logged<T> = (Sim, Addr<Counter>, Addr<Counter>, Rc<RefCell<Vec<T>>>);
+
+fn two_counters_logging<T: 'static>(read: impl Fn(&SimView<'_>) -> T + 'static) -> Logged<T> {
     let mut sim = Sim::new(SimConfig::new(1));
     let a = sim.spawn(NodeId(0), Counter::default());
     let b = sim.spawn(NodeId(1), Counter::default());
-    let calls = Rc::new(RefCell::new(Vec::new()));
-    let log = Rc::clone(&calls);
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let log = Rc::clone(&seen);
     sim.set_invariant(move |view| {
-        let total: u32 = view.actors::<Counter>().map(|(_, c)| c.count).sum();
-        log.borrow_mut().push((view.events(), total));
+        log.borrow_mut().push(read(view));
         Ok(())
+    });
+    (sim, a, b, seen)
+}
+
+#[test]
+fn invariants_run_after_every_event_and_see_its_result() {
+    let (mut sim, a, b, calls) = two_counters_logging(|view| {
+        let total: u32 = view.actors::<Counter>().map(|(_, c)| c.count).sum();
+        (view.events(), total)
     });
     let second = Rc::new(Cell::new(0u64));
     let n = Rc::clone(&second);
@@ -54,6 +65,31 @@ fn invariants_run_after_every_event_and_see_its_result() {
     assert_eq!(second.get(), 6, "every invariant runs");
     let ids: Vec<ActorId> = sim.view().ids().collect();
     assert_eq!(ids, vec![a.id(), b.id()]);
+}
+
+#[test]
+fn the_view_names_the_actor_each_event_ran_on_and_counts_outside_changes() {
+    let (mut sim, a, b, seen) =
+        two_counters_logging(|view| (view.handled(), view.outside_changes()));
+    sim.inject(a.id(), b, ());
+    sim.inject(b.id(), a, ());
+    sim.run().unwrap();
+    // Two spawns counted before any event; then the starts and deliveries,
+    // each on its own actor.
+    assert_eq!(
+        *seen.borrow(),
+        vec![
+            (Some(a.id()), 2),
+            (Some(b.id()), 2),
+            (Some(b.id()), 2),
+            (Some(a.id()), 2),
+        ]
+    );
+    // A crash outside any handler moves the count, and so does a state
+    // change made through `actor_mut`.
+    assert!(sim.crash(a.id()));
+    sim.actor_mut(b).unwrap().count = 0;
+    assert_eq!(sim.view().outside_changes(), 4);
 }
 
 #[test]

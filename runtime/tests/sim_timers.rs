@@ -6,7 +6,7 @@ use gyre_runtime::sim::{Sim, SimConfig};
 use gyre_runtime::{Actor, ActorId, Cx, MILLIS, Nanos, NodeId};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 enum Key {
     A,
     B,

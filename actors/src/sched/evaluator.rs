@@ -35,7 +35,7 @@ use crate::trajectory::scoring::{
     ArtifactRef, EvalBinding, EvalResult, Evaluation, ExecutionScoring, Outcome, Termination,
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EvalTimer {
     Retry(ExecId),
     /// The outbox's resend tick (lost requests, not failed evaluations).

@@ -28,7 +28,7 @@ pub struct ExecLinks {
     pub harness: Port<HarnessReq>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ExecTimer {
     Overall,
 }

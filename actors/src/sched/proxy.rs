@@ -14,8 +14,10 @@
 //! owner, so the proxy releases it (a `PayloadRelease` effect) when it was
 //! given the store.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use gyre_runtime::{Actor, ActorId, BlobId, BlobStore, Cx, Nanos, PayloadRelease, Recipient};
 
@@ -47,7 +49,7 @@ impl RejectRetry {
 
 /// The proxy's timers: the outbox's resend tick, and a rejected call's
 /// backoff before it is retried on the same engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ProxyTimer {
     Resend,
     Backoff { call: CallId, attempt: u32 },
@@ -93,10 +95,14 @@ pub struct ProxyStats {
 #[derive(Debug)]
 pub struct Proxy {
     engines: BTreeMap<EngineIx, Port<EngineReq>>,
-    routes: BTreeMap<ExecId, EngineIx>,
+    /// Looked up by every call (hashed: nothing iterates them).
+    routes: FxHashMap<ExecId, EngineIx>,
     /// Executions that closed; a late route for one is ignored.
-    closed: BTreeSet<ExecId>,
-    calls: BTreeMap<CallId, PendingCall>,
+    closed: FxHashSet<ExecId>,
+    /// Every call passes through here (hashed); the rare walks over an
+    /// execution's calls or all of them sort what they find, so they go in
+    /// call order.
+    calls: FxHashMap<CallId, PendingCall>,
     reroutes: BTreeMap<ExecId, u32>,
     blobs: Option<Arc<dyn BlobStore>>,
     /// Attempts sent to engines and not yet answered.
@@ -109,9 +115,9 @@ impl Proxy {
     pub fn new(engines: BTreeMap<EngineIx, Port<EngineReq>>) -> Self {
         Self {
             engines,
-            routes: BTreeMap::new(),
-            closed: BTreeSet::new(),
-            calls: BTreeMap::new(),
+            routes: FxHashMap::default(),
+            closed: FxHashSet::default(),
+            calls: FxHashMap::default(),
             reroutes: BTreeMap::new(),
             blobs: None,
             outbox: Outbox::new(None),
@@ -163,17 +169,25 @@ impl Proxy {
     /// Each unanswered call with the engine of its current attempt (`None`
     /// while held) and its attempt count.
     pub fn pending_calls(&self) -> Vec<(CallId, Option<EngineIx>, u32)> {
-        self.calls
+        let mut calls: Vec<_> = self
+            .calls
             .iter()
             .map(|(c, p)| (*c, p.at, p.attempt))
-            .collect()
+            .collect();
+        calls.sort_unstable_by_key(|(c, _, _)| *c);
+        calls
     }
 
-    fn calls_of(exec: ExecId) -> std::ops::RangeInclusive<CallId> {
-        CallId { exec, seq: 0 }..=CallId {
-            exec,
-            seq: u32::MAX,
-        }
+    /// The calls that satisfy `keep`, in call order.
+    fn calls_where(&self, keep: impl Fn(&CallId, &PendingCall) -> bool) -> Vec<CallId> {
+        let mut calls: Vec<CallId> = self
+            .calls
+            .iter()
+            .filter(|(c, p)| keep(c, p))
+            .map(|(c, _)| *c)
+            .collect();
+        calls.sort_unstable();
+        calls
     }
 
     /// Sends a new attempt of `call` on its execution's route, or holds it.
@@ -209,12 +223,7 @@ impl Proxy {
 
     /// Sends held calls of `exec` on its (new) route.
     fn release_held(&mut self, exec: ExecId, cx: &mut Cx<'_, Self>) {
-        let held: Vec<CallId> = self
-            .calls
-            .range(Self::calls_of(exec))
-            .filter(|(_, p)| p.at.is_none())
-            .map(|(c, _)| *c)
-            .collect();
+        let held = self.calls_where(|c, p| c.exec == exec && p.at.is_none());
         for call in held {
             self.attempt(call, cx);
         }
@@ -282,16 +291,10 @@ impl Proxy {
                 }
             }
         }
-        let lost: Vec<(CallId, u32)> = self
-            .calls
-            .iter()
-            .filter(|(_, p)| p.at == Some(engine))
-            .map(|(c, p)| (*c, p.attempt))
-            .collect();
-        for (call, attempt) in lost {
-            self.outbox.forget(&ReqKey::Serve(call, attempt));
-            self.stats.lost_attempts += 1;
+        for call in self.calls_where(|_, p| p.at == Some(engine)) {
             if let Some(p) = self.calls.get_mut(&call) {
+                self.outbox.forget(&ReqKey::Serve(call, p.attempt));
+                self.stats.lost_attempts += 1;
                 p.at = None;
             }
         }
@@ -356,12 +359,7 @@ impl Actor for Proxy {
             ProxyMsg::Forget { exec } => {
                 self.routes.remove(&exec);
                 self.closed.insert(exec);
-                let calls: Vec<CallId> = self
-                    .calls
-                    .range(Self::calls_of(exec))
-                    .map(|(c, _)| *c)
-                    .collect();
-                for c in calls {
+                for c in self.calls_where(|c, _| c.exec == exec) {
                     if let Some(p) = self.calls.remove(&c) {
                         self.outbox.forget(&ReqKey::Serve(c, p.attempt));
                     }

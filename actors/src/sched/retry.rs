@@ -16,7 +16,7 @@
 //! Without a retry interval the outbox only keeps that bookkeeping and sets
 //! no timer, so a fault-free simulation runs exactly as before.
 
-use std::collections::BTreeMap;
+use rustc_hash::FxHashMap;
 
 use gyre_runtime::{Actor, Cx, Nanos};
 
@@ -29,7 +29,7 @@ use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{ReadTag, TransferEvent, TransferReq};
 
 /// What identifies one outstanding request of one actor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ReqKey {
     StopAdmitting,
     PinKv,
@@ -229,7 +229,7 @@ impl Answer for EvalEvent {
 }
 
 /// The timer key of an outbox's resend tick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RetryTick;
 
 #[derive(Debug)]
@@ -246,10 +246,15 @@ pub struct OutboxStats {
 }
 
 /// One actor's outstanding backend requests.
+///
+/// Filed in a hash map (every model call passes through the proxy's
+/// outbox, so filing and acknowledging are on the simulator's hot path);
+/// whatever reads them in order (resends, [`Outbox::pending`]) sorts the
+/// keys first, so the order stays the keys' order.
 #[derive(Debug)]
 pub struct Outbox {
     after: Option<Nanos>,
-    pending: BTreeMap<ReqKey, Pending>,
+    pending: FxHashMap<ReqKey, Pending>,
     stats: OutboxStats,
 }
 
@@ -258,7 +263,7 @@ impl Outbox {
     pub fn new(after: Option<Nanos>) -> Self {
         Self {
             after: after.filter(|a| *a > 0),
-            pending: BTreeMap::new(),
+            pending: FxHashMap::default(),
             stats: OutboxStats::default(),
         }
     }
@@ -278,7 +283,9 @@ impl Outbox {
 
     /// The keys still waiting for an answer, in key order.
     pub fn pending(&self) -> Vec<ReqKey> {
-        self.pending.keys().copied().collect()
+        let mut keys: Vec<ReqKey> = self.pending.keys().copied().collect();
+        keys.sort_unstable();
+        keys
     }
 
     pub fn is_pending(&self, key: &ReqKey) -> bool {
@@ -335,7 +342,10 @@ impl Outbox {
             return;
         };
         let now = cx.now();
-        for p in self.pending.values_mut() {
+        for key in self.pending() {
+            let Some(p) = self.pending.get_mut(&key) else {
+                continue;
+            };
             if now.saturating_sub(p.sent) >= after {
                 p.req.send(cx);
                 p.sent = now;

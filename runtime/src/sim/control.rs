@@ -28,6 +28,7 @@ impl Sim {
         }
         slot.body = Body::Down;
         slot.inc += 1;
+        self.outside_changes += 1;
         let watching = std::mem::take(&mut slot.watching);
         self.unwatch(id, &watching);
         true
@@ -49,6 +50,7 @@ impl Sim {
             return false;
         };
         slot.body = Body::Actor(factory(inc));
+        self.outside_changes += 1;
         self.agenda.push(self.now, EventKind::Start { id, inc });
         true
     }
@@ -197,6 +199,7 @@ impl Sim {
     /// Stops `id` for good (its own `Effect::Stop`).
     pub(crate) fn remove(&mut self, id: ActorId) {
         if let Some(slot) = self.slots.remove(&id) {
+            self.outside_changes += 1;
             self.unwatch(id, &slot.watching);
         }
         self.index.remove(&id);

@@ -69,10 +69,7 @@ impl Sim {
     /// ones (timers of a cancelled key or an older incarnation), which
     /// neither count nor move the clock.
     fn step_within(&mut self, limit: Nanos) -> bool {
-        while self.agenda.peek_time().is_some_and(|t| t <= limit) {
-            let Some(ev) = self.agenda.pop() else {
-                return false;
-            };
+        while let Some(ev) = self.agenda.pop_due(limit) {
             if self.dispatch(ev) {
                 self.events += 1;
                 if !self.invariants.is_empty() {
@@ -109,6 +106,7 @@ impl Sim {
     /// Carries out one event; false if it was stale and skipped.
     fn dispatch(&mut self, ev: Event) -> bool {
         let Event { at, seq, kind } = ev;
+        self.handled = kind.actor();
         match kind {
             EventKind::Deliver { from, to, msg } => {
                 self.now = at;

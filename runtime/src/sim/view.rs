@@ -28,6 +28,25 @@ impl<'a> SimView<'a> {
         self.sim.events
     }
 
+    /// The actor whose handler the last event ran: the receiver of a
+    /// delivery (also of one that was dropped), the owner of a timer, an
+    /// I/O completion, a start or a peer-down notice; `None` after a fault.
+    /// Within one event only that actor's state changes, unless
+    /// [`SimView::outside_changes`] moved.
+    pub fn handled(&self) -> Option<ActorId> {
+        self.sim.handled
+    }
+
+    /// A count of the changes to actors that no handler made of its own
+    /// state: spawns (also a handler's), crashes, restarts, stops and
+    /// [`Sim::actor_mut`](super::Sim::actor_mut). An observer that reads a
+    /// few actors may skip re-reading them after an event that
+    /// [`SimView::handled`] none of them while this count stayed the same:
+    /// their state is what it read last.
+    pub fn outside_changes(&self) -> u64 {
+        self.sim.outside_changes
+    }
+
     pub fn seed(&self) -> u64 {
         self.sim.cfg.seed
     }

@@ -46,6 +46,11 @@ pub struct Sim {
     /// Reused for every handler call, so effects cost no allocation.
     pub(crate) effects: Vec<Effect>,
     pub(crate) invariants: Vec<Invariant>,
+    /// The actor whose handler the last event ran (see [`SimView::handled`]).
+    pub(crate) handled: Option<ActorId>,
+    /// Changes to actors made outside the handler of the event being
+    /// processed (see [`SimView::outside_changes`]).
+    pub(crate) outside_changes: u64,
     pub(crate) failure: Option<SimError>,
     pub(crate) plans: Vec<FaultPlan>,
 }
@@ -79,6 +84,8 @@ impl Sim {
             events: 0,
             effects: Vec::with_capacity(16),
             invariants: Vec::new(),
+            handled: None,
+            outside_changes: 0,
             failure: None,
             plans: Vec::new(),
         }
@@ -157,6 +164,7 @@ impl Sim {
             return;
         }
         let decoder = actor.decoder();
+        self.outside_changes += 1;
         self.nodes.insert(id.node);
         self.index.insert(id);
         self.slots
@@ -217,6 +225,7 @@ impl Sim {
 
     /// Mutable state of a live actor, for tests that set up a scenario.
     pub fn actor_mut<A: Actor>(&mut self, addr: Addr<A>) -> Option<&mut A> {
+        self.outside_changes += 1;
         match &mut self.slots.get_mut(&addr.id())?.body {
             Body::Actor(a) => a.state_mut().downcast_mut::<A>(),
             _ => None,

@@ -32,7 +32,7 @@ use rustc_hash::FxHashMap;
 use crate::costs::EngineCosts;
 use crate::replay::ReplayWorkload;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EngineTimer {
     Call(CallId),
     Unload,
@@ -80,7 +80,9 @@ pub struct SimEngine {
     /// The last answered attempt of each execution: (call, attempt,
     /// output tokens, version).
     last_done: FxHashMap<ExecId, (CallId, u32, u64, Version)>,
-    inflight: BTreeMap<CallId, InFlight>,
+    /// Looked up by every call (hashed); a cancellation sorts it first,
+    /// so its answers go in call order.
+    inflight: FxHashMap<CallId, InFlight>,
     /// Every call this engine answered `Done` (the checker's "no answered
     /// call lost" reads it).
     answered: std::collections::BTreeSet<CallId>,
@@ -110,7 +112,7 @@ impl SimEngine {
             pinned: BTreeMap::new(),
             released: std::collections::BTreeSet::new(),
             last_done: FxHashMap::default(),
-            inflight: BTreeMap::new(),
+            inflight: FxHashMap::default(),
             answered: std::collections::BTreeSet::new(),
             track_calls: false,
             control: None,
@@ -284,7 +286,8 @@ impl Actor for SimEngine {
                 cx.send(reply_to, EngineEvent::KvPinned { blocks });
             }
             EngineReq::CancelAll { reply_to } => {
-                let calls = std::mem::take(&mut self.inflight);
+                let mut calls: Vec<_> = self.inflight.drain().collect();
+                calls.sort_unstable_by_key(|(call, _)| *call);
                 let cancelled = calls.len() as u32;
                 for (call, f) in calls {
                     cx.cancel_timer(&EngineTimer::Call(call));

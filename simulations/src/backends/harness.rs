@@ -29,7 +29,7 @@ use crate::replay::{Outcome, ReplayWorkload};
 use crate::workload::calls::Context;
 use crate::workload::{Ending, WorkloadModel};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum HarnessTimer {
     Think(ExecId),
     CallTimeout(CallId),

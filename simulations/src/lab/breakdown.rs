@@ -1,8 +1,9 @@
 //! Where a run's GPU time went, by role and phase, integrated exactly from
 //! the simulation's own events rather than sampled.
 //!
-//! The simulator calls [`Breakdown::observe`] after every event (through
-//! its invariant hook, which only reads). Every quantity it reads — a cell's
+//! The simulator calls [`Breakdown::hook`] after every event (through its
+//! invariant hook, which only reads); the hook re-reads the cluster only
+//! after events on the actors it reads. Every quantity it reads — a cell's
 //! role, the ledger's slot occupancy, the dispatch queue, what a trainer is
 //! computing, whether a publication is under way — changes only at events,
 //! so the state seen after the last event at time t holds until the next
@@ -41,7 +42,7 @@ use gyre_actors::sched::maths::ledger::Role;
 use gyre_actors::sched::maths::prefix::next_to_switch;
 use gyre_actors::sched::maths::watermark::may_move;
 use gyre_runtime::sim::SimView;
-use gyre_runtime::{Nanos, SECS};
+use gyre_runtime::{ActorId, Nanos, SECS};
 use serde::Serialize;
 
 use crate::backends::trainer::TrainerOp;
@@ -190,6 +191,12 @@ pub struct Breakdown {
     complete_at: Vec<Nanos>,
     updates: usize,
     gpus_per_node: f64,
+    /// The actors the hook read last time (empty: read on every event),
+    /// and the simulator's count of outside changes then: events on other
+    /// actors leave what it read unchanged (the simulation's actors share
+    /// no state), so the hook skips them.
+    watched: Vec<ActorId>,
+    seen_changes: u64,
 }
 
 impl Breakdown {
@@ -220,6 +227,8 @@ impl Breakdown {
             complete_at: Vec::new(),
             updates: 0,
             gpus_per_node: f64::from(gpus_per_node.max(1)),
+            watched: Vec::new(),
+            seen_changes: 0,
         }
     }
 
@@ -235,15 +244,28 @@ impl Breakdown {
             let mut b = this.borrow_mut();
             let now = view.now();
             b.advance(now);
-            if b.end.is_some() {
+            if b.end.is_some() || !b.must_read(view) {
                 return Ok(());
             }
+            b.watched.clear();
+            b.seen_changes = view.outside_changes();
             let Some(s) = view.actor(sched) else {
                 return Ok(());
             };
             let Some(peers) = s.peers() else {
                 return Ok(());
             };
+            b.watched.extend(
+                [
+                    sched.id(),
+                    peers.packer.id(),
+                    peers.core.id(),
+                    transfer.id(),
+                ]
+                .into_iter()
+                .chain(peers.cells.iter().map(|c| c.id()))
+                .chain(trainers.iter().map(|t| t.id())),
+            );
             let updates = trainers
                 .first()
                 .and_then(|t| view.actor(*t))
@@ -352,6 +374,15 @@ impl Breakdown {
             b.now_weights = w;
             Ok(())
         }
+    }
+
+    /// Whether the last event may have changed what the hook reads: it ran
+    /// on one of the actors read (or none is known yet), or actors changed
+    /// outside their handlers. Otherwise the weights still hold.
+    fn must_read(&self, view: &SimView<'_>) -> bool {
+        self.watched.is_empty()
+            || view.outside_changes() != self.seen_changes
+            || view.handled().is_none_or(|id| self.watched.contains(&id))
     }
 
     /// Integrates the current state up to `now` (never past the end).

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use gyre_runtime::Recipient;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum MemRole {
     /// Rollout weights, KV cache and temporary buffers.
     Rollout,

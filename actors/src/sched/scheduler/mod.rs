@@ -86,7 +86,7 @@ impl Peers {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SchedTimer {
     /// The supply check comes due.
     Supply,
