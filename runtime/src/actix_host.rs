@@ -2,18 +2,22 @@
 //!
 //! Research code often already lives in actix. This adapter hosts any Gyre
 //! [`Actor`] as an actix actor ([`GyreActix`]) so that it runs unchanged next
-//! to the user's own actors: each Gyre actor gets an actix mailbox, its timers
-//! become `run_later` futures, its I/O runs on tokio's blocking pool, and its
-//! sends are routed by [`ActorId`] through a shared table.
+//! to the user's own actors: each Gyre actor gets an inbox its actix actor
+//! polls as a stream (see [`inbox`]), its timers become `run_later` futures,
+//! its I/O runs on tokio's blocking pool, and its sends are routed by
+//! [`ActorId`] through a shared table.
 //!
 //! Interop both ways:
 //! - a user's actix actor sends to a Gyre actor with [`GyreHandle::tell`]
-//!   (or by sending an [`Envelope`] to the actix address);
+//!   (or by sending an [`Envelope`] to the actix address: that path is not
+//!   ordered with the inbox's);
 //! - a Gyre actor sends to a user's actix actor through an
 //!   `Addr<External<M>>` obtained from [`ActixGyre::external`], which the
 //!   adapter delivers as a [`Tell<M>`] to the user's `Recipient`.
 //!
 //! There is no network here: `watch_node` is accepted and never fires.
+
+mod inbox;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +25,7 @@ use std::time::Instant;
 
 use actix::{
     Actor as ActixActor, ActorContext, AsyncContext, Context, Handler, Recipient, SpawnHandle,
+    StreamHandler,
 };
 use dashmap::DashMap;
 use rustc_hash::FxHashMap;
@@ -29,6 +34,7 @@ use crate::actor::{Actor, External, Message};
 use crate::hosted::{BoxMsg, DynActor, Effect, Env, IdAlloc, hosted};
 use crate::id::{ActorId, Addr, NodeId};
 use crate::time::{Clock, Nanos, from_duration, to_duration};
+use inbox::{Inbox, InboxStream, Letter};
 
 /// A typed message from `from`, as actix sees it.
 #[derive(Debug)]
@@ -52,9 +58,25 @@ impl actix::Message for Envelope {
     type Result = ();
 }
 
-/// Delivers a message to one destination; false when the destination is
-/// gone (the message is then dropped).
-type Route = Arc<dyn Fn(ActorId, BoxMsg) -> bool + Send + Sync>;
+/// Where messages to one id go.
+#[derive(Clone)]
+enum Route {
+    /// A hosted Gyre actor's inbox.
+    Hosted(Arc<Inbox>),
+    /// A user's actix recipient; false when it is gone.
+    External(Arc<dyn Fn(ActorId, BoxMsg) -> bool + Send + Sync>),
+}
+
+impl Route {
+    /// Delivers `msg`; false when the destination is gone (the message is
+    /// then dropped).
+    fn deliver(&self, from: ActorId, msg: BoxMsg) -> bool {
+        match self {
+            Route::Hosted(inbox) => inbox.push((from, msg)),
+            Route::External(tell) => tell(from, msg),
+        }
+    }
+}
 
 /// Routes a hosted actor remembers before it starts over.
 const ROUTE_CACHE_LIMIT: usize = 1024;
@@ -104,46 +126,46 @@ impl ActixGyre {
     /// inside a running actix system.
     pub fn start<A: Actor>(&self, actor: A) -> GyreHandle<A> {
         let id = self.shared.alloc(self.shared.node);
-        let addr = self.start_dyn(hosted(actor, id, self.shared.seed));
+        let (addr, inbox) = self.start_dyn(hosted(actor, id, self.shared.seed));
         GyreHandle {
             id: Addr::new(id),
             addr,
+            inbox,
+            gyre: self.clone(),
         }
     }
 
-    fn start_dyn(&self, inner: Box<dyn DynActor>) -> actix::Addr<GyreActix> {
+    fn start_dyn(&self, inner: Box<dyn DynActor>) -> (actix::Addr<GyreActix>, Arc<Inbox>) {
         let id = inner.id();
         let gyre = self.clone();
-        GyreActix::create(move |ctx| {
-            // Register before the actor starts so on_start's sends to itself
-            // (and anyone's sends to it) find the route.
-            let me = ctx.address();
-            gyre.shared.routes.insert(
-                id,
-                Arc::new(move |from, msg| {
-                    let alive = me.connected();
-                    if alive {
-                        me.do_send(Envelope { from, msg });
-                    }
-                    alive
-                }),
-            );
+        let inbox = Arc::new(Inbox::default());
+        // Register before the actor starts so on_start's sends to itself
+        // (and anyone's sends to it) find the route.
+        gyre.shared
+            .routes
+            .insert(id, Route::Hosted(Arc::clone(&inbox)));
+        let stream = InboxStream::new(Arc::clone(&inbox));
+        let mine = Arc::clone(&inbox);
+        let addr = GyreActix::create(move |ctx| {
+            ctx.add_stream(stream);
             GyreActix {
                 inner,
+                inbox: mine,
                 gyre,
                 timers: FxHashMap::default(),
                 routes: FxHashMap::default(),
                 effects: Vec::new(),
                 stopped: false,
             }
-        })
+        });
+        (addr, inbox)
     }
 
     /// An address Gyre actors can send `M` to; the adapter hands each such
     /// message to `recipient` as a [`Tell<M>`].
     pub fn external<M: Message>(&self, recipient: Recipient<Tell<M>>) -> Addr<External<M>> {
         let id = self.shared.alloc(self.shared.node);
-        let route: Route = Arc::new(move |from, msg: BoxMsg| {
+        let route = Route::External(Arc::new(move |from, msg: BoxMsg| {
             if !recipient.connected() {
                 return false;
             }
@@ -158,7 +180,7 @@ impl ActixGyre {
                 ),
             }
             true
-        });
+        }));
         self.shared.routes.insert(id, route);
         Addr::new(id)
     }
@@ -175,10 +197,10 @@ impl ActixGyre {
     }
 
     fn route(&self, from: ActorId, to: ActorId, msg: BoxMsg) {
-        let route = self.shared.routes.get(&to).map(|r| Arc::clone(r.value()));
+        let route = self.shared.routes.get(&to).map(|r| r.value().clone());
         match route {
             Some(route) => {
-                if !route(from, msg) {
+                if !route.deliver(from, msg) {
                     self.count_dropped(from, to);
                 }
             }
@@ -197,16 +219,16 @@ impl ActixGyre {
     ) {
         // One lookup on the hit path, the common case.
         let delivered = match cache.get(&to) {
-            Some(route) => route(from, msg),
+            Some(route) => route.deliver(from, msg),
             None => {
-                let Some(route) = self.shared.routes.get(&to).map(|r| Arc::clone(r.value())) else {
+                let Some(route) = self.shared.routes.get(&to).map(|r| r.value().clone()) else {
                     self.count_dropped(from, to);
                     return;
                 };
                 if cache.len() >= ROUTE_CACHE_LIMIT {
                     cache.clear();
                 }
-                let delivered = route(from, msg);
+                let delivered = route.deliver(from, msg);
                 cache.insert(to, route);
                 delivered
             }
@@ -231,16 +253,19 @@ impl ActixGyre {
 pub struct GyreHandle<A: Actor> {
     pub id: Addr<A>,
     pub addr: actix::Addr<GyreActix>,
+    inbox: Arc<Inbox>,
+    gyre: ActixGyre,
 }
 
 impl<A: Actor> GyreHandle<A> {
-    /// Delivers `msg` as if sent by `from` (an actix actor's chosen id).
+    /// Delivers `msg` as if sent by `from` (an actix actor's chosen id),
+    /// after everything already queued to the actor; counted as dropped once
+    /// the actor stopped.
     pub fn tell(&self, from: ActorId, msg: impl Into<A::Msg>) {
         let msg: A::Msg = msg.into();
-        self.addr.do_send(Envelope {
-            from,
-            msg: Box::new(msg),
-        });
+        if !self.inbox.push((from, Box::new(msg))) {
+            self.gyre.count_dropped(from, self.id.id());
+        }
     }
 }
 
@@ -249,6 +274,8 @@ impl<A: Actor> Clone for GyreHandle<A> {
         Self {
             id: self.id,
             addr: self.addr.clone(),
+            inbox: Arc::clone(&self.inbox),
+            gyre: self.gyre.clone(),
         }
     }
 }
@@ -256,6 +283,7 @@ impl<A: Actor> Clone for GyreHandle<A> {
 /// The actix actor that hosts one Gyre actor.
 pub struct GyreActix {
     inner: Box<dyn DynActor>,
+    inbox: Arc<Inbox>,
     gyre: ActixGyre,
     timers: FxHashMap<u64, SpawnHandle>,
     /// Routes this actor has sent on.
@@ -308,7 +336,7 @@ impl GyreActix {
                     }
                 }
                 Effect::Spawn { actor, .. } => {
-                    self.gyre.start_dyn(actor);
+                    let _started = self.gyre.start_dyn(actor);
                 }
                 Effect::Io { op } => {
                     let gyre = self.gyre.clone();
@@ -328,6 +356,9 @@ impl GyreActix {
                 }
                 Effect::Stop => {
                     self.stopped = true;
+                    // Later sends count as dropped from now on, as they are
+                    // never handled.
+                    self.inbox.close();
                     ctx.stop();
                 }
             }
@@ -344,18 +375,33 @@ impl ActixActor for GyreActix {
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         self.gyre.shared.routes.remove(&self.inner.id());
+        self.inbox.close();
     }
 }
 
-impl Handler<Envelope> for GyreActix {
-    type Result = ();
-
-    fn handle(&mut self, env: Envelope, ctx: &mut Context<Self>) {
-        let Envelope { from, msg } = env;
+impl GyreActix {
+    fn deliver(&mut self, from: ActorId, msg: BoxMsg, ctx: &mut Context<Self>) {
         self.with_env(ctx, |inner, env| {
             if let Err(e) = inner.deliver(from, msg, env) {
                 tracing::warn!("{e}");
             }
         });
+    }
+}
+
+impl StreamHandler<Letter> for GyreActix {
+    fn handle(&mut self, (from, msg): Letter, ctx: &mut Context<Self>) {
+        self.deliver(from, msg, ctx);
+    }
+
+    /// The inbox never ends while the actor runs (see [`InboxStream`]).
+    fn finished(&mut self, _ctx: &mut Context<Self>) {}
+}
+
+impl Handler<Envelope> for GyreActix {
+    type Result = ();
+
+    fn handle(&mut self, Envelope { from, msg }: Envelope, ctx: &mut Context<Self>) {
+        self.deliver(from, msg, ctx);
     }
 }

@@ -2,6 +2,7 @@
 //! messages flow both ways, timers and I/O work, spawn and stop work.
 #![cfg(feature = "actix")]
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use actix::{Actor as ActixActor, Context, Handler, System};
@@ -30,6 +31,7 @@ enum Out {
     Doubled(u64),
     Started(ActorId),
     Failed(String),
+    Counted(u64),
 }
 
 struct Doubling(u64);
@@ -194,4 +196,87 @@ fn stopped_actor_no_longer_receives() {
         gyre.dropped()
     });
     assert_eq!(dropped, 1);
+}
+
+/// Checks that each sender's numbered messages arrive in the order sent,
+/// and reports the count once `expect` arrived.
+struct InOrder {
+    next: BTreeMap<ActorId, u64>,
+    seen: u64,
+    expect: u64,
+    report: Addr<External<Out>>,
+}
+impl Actor for InOrder {
+    type Msg = u64;
+    type Timer = ();
+    fn on_msg(&mut self, from: ActorId, n: u64, cx: &mut Cx<'_, Self>) {
+        let next = self.next.entry(from).or_default();
+        if n != *next {
+            cx.send(
+                self.report,
+                Out::Failed(format!("{from}: {n} after {next}")),
+            );
+        }
+        *next = n + 1;
+        self.seen += 1;
+        if self.seen == self.expect {
+            cx.send(self.report, Out::Counted(self.seen));
+        }
+    }
+}
+
+/// Sends `count` numbered messages to `to` in one handler.
+struct Burst {
+    to: Addr<InOrder>,
+    count: u64,
+}
+impl Actor for Burst {
+    type Msg = ();
+    type Timer = ();
+    fn on_msg(&mut self, _: ActorId, (): (), cx: &mut Cx<'_, Self>) {
+        for n in 0..self.count {
+            cx.send(self.to, n);
+        }
+    }
+}
+
+#[test]
+fn each_senders_messages_arrive_in_order() {
+    const COUNT: u64 = 500;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = Arc::clone(&seen);
+    let sys = System::new();
+    sys.block_on(async move {
+        let gyre = ActixGyre::new(NodeId(0), 3);
+        let collector = Collector {
+            seen: seen2,
+            stop_after: 1,
+        }
+        .start();
+        let report = gyre.external(collector.recipient());
+        let in_order = gyre.start(InOrder {
+            next: BTreeMap::new(),
+            seen: 0,
+            expect: 3 * COUNT,
+            report,
+        });
+        for burst in 0..2 {
+            let b = gyre.start(Burst {
+                to: in_order.id,
+                count: COUNT,
+            });
+            gyre.send(ActorId::new(9, burst), b.id, ());
+        }
+        // From outside, through the handle and through the node, mixed.
+        let user = ActorId::new(9, 9);
+        for n in 0..COUNT {
+            if n % 2 == 0 {
+                in_order.tell(user, n);
+            } else {
+                gyre.send(user, in_order.id, n);
+            }
+        }
+    });
+    sys.run().unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![Out::Counted(3 * 500)]);
 }
