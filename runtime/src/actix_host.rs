@@ -153,7 +153,7 @@ impl ActixGyre {
                 inbox: mine,
                 gyre,
                 timers: FxHashMap::default(),
-                routes: FxHashMap::default(),
+                routes: RouteCache::default(),
                 effects: Vec::new(),
                 stopped: false,
             }
@@ -208,33 +208,34 @@ impl ActixGyre {
         }
     }
 
-    /// Sends through `cache` (a hosted actor's), which saves the shared
-    /// table's lock and reference count on every send to a known address.
-    fn route_cached(
-        &self,
-        cache: &mut FxHashMap<ActorId, Route>,
-        from: ActorId,
-        to: ActorId,
-        msg: BoxMsg,
-    ) {
-        // One lookup on the hit path, the common case.
-        let delivered = match cache.get(&to) {
+    /// Sends through `cache` (a hosted actor's).
+    fn route_cached(&self, cache: &mut RouteCache, from: ActorId, to: ActorId, msg: BoxMsg) {
+        // One comparison or one lookup on the hit path, the common case.
+        let hit = match &cache.newest {
+            Some((id, route)) if *id == to => Some(route),
+            _ => cache.map.get(&to),
+        };
+        let delivered = match hit {
             Some(route) => route.deliver(from, msg),
             None => {
                 let Some(route) = self.shared.routes.get(&to).map(|r| r.value().clone()) else {
                     self.count_dropped(from, to);
                     return;
                 };
-                if cache.len() >= ROUTE_CACHE_LIMIT {
-                    cache.clear();
+                if cache.map.len() >= ROUTE_CACHE_LIMIT {
+                    cache.map.clear();
                 }
                 let delivered = route.deliver(from, msg);
-                cache.insert(to, route);
+                cache.newest = Some((to, route.clone()));
+                cache.map.insert(to, route);
                 delivered
             }
         };
         if !delivered {
-            cache.remove(&to);
+            cache.map.remove(&to);
+            if cache.newest.as_ref().is_some_and(|(id, _)| *id == to) {
+                cache.newest = None;
+            }
             self.count_dropped(from, to);
         }
     }
@@ -247,6 +248,17 @@ impl ActixGyre {
     fn now(&self) -> Nanos {
         from_duration(self.shared.epoch.elapsed())
     }
+}
+
+/// The routes one hosted actor has sent on, which saves the shared table's
+/// lock and reference count on every send to a known address.
+#[derive(Default)]
+struct RouteCache {
+    /// The route added last, compared before the map is looked up: an
+    /// actor that talks to one peer (a worker to its hub, one side of a
+    /// pair) pays no hash.
+    newest: Option<(ActorId, Route)>,
+    map: FxHashMap<ActorId, Route>,
 }
 
 /// A started Gyre actor: its Gyre address and its actix address.
@@ -287,7 +299,7 @@ pub struct GyreActix {
     gyre: ActixGyre,
     timers: FxHashMap<u64, SpawnHandle>,
     /// Routes this actor has sent on.
-    routes: FxHashMap<ActorId, Route>,
+    routes: RouteCache,
     /// The effects of the handler that just ran (kept for its capacity).
     effects: Vec<Effect>,
     stopped: bool,
