@@ -4,8 +4,12 @@
 //!
 //! Compared side by side: the simulator (one core, virtual time), the live
 //! tokio host in one process, Gyre actors in the actix adapter, and the same
-//! workloads written directly against actix. Criterion reports elements
-//! (messages) per second; README.md quotes the medians and their ratios.
+//! workloads written directly against actix. Every side does the same work:
+//! each actor knows its peers from the start (no reply address travels), each
+//! message carries one `u64` (a count or the round), and no mailbox applies
+//! backpressure (actix's `do_send` ignores its capacity, the adapter's inbox
+//! is unbounded). Criterion reports elements (messages) per second;
+//! README.md quotes the medians and their ratios.
 //! A last group times what a live row pays per iteration besides messages
 //! (node start, spawns, shutdown), to show that it is not what they measure.
 
@@ -32,7 +36,7 @@ enum PingMsg {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Ping(u64, Addr<Pinger>);
+struct Ping(u64);
 
 struct Pinger {
     rounds: u64,
@@ -47,37 +51,38 @@ impl Actor for Pinger {
         match msg {
             PingMsg::Start(peer) => {
                 self.peer = Some(peer);
-                let me = cx.me();
-                cx.send(peer, Ping(0, me));
+                cx.send(peer, Ping(0));
             }
             PingMsg::Pong(n) if n + 1 >= self.rounds => cx.send(self.done, n + 1),
             PingMsg::Pong(n) => {
                 if let Some(peer) = self.peer {
-                    let me = cx.me();
-                    cx.send(peer, Ping(n + 1, me));
+                    cx.send(peer, Ping(n + 1));
                 }
             }
         }
     }
 }
 
-struct Ponger;
+struct Ponger {
+    pinger: Addr<Pinger>,
+}
 impl Actor for Ponger {
     type Msg = Ping;
     type Timer = ();
-    fn on_msg(&mut self, _: ActorId, Ping(n, reply): Ping, cx: &mut Cx<'_, Self>) {
-        cx.send(reply, PingMsg::Pong(n));
+    fn on_msg(&mut self, _: ActorId, Ping(n): Ping, cx: &mut Cx<'_, Self>) {
+        cx.send(self.pinger, PingMsg::Pong(n));
     }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 enum HubMsg {
     Start(Vec<Addr<Leaf>>),
-    Reply,
+    Reply(u64),
 }
 
+/// A request of round `.0`.
 #[derive(Debug, Serialize, Deserialize)]
-struct Request(Addr<Hub>);
+struct Request(u64);
 
 struct Hub {
     leaves: Vec<Addr<Leaf>>,
@@ -88,9 +93,8 @@ struct Hub {
 
 impl Hub {
     fn fan_out(&mut self, cx: &mut Cx<'_, Self>) {
-        let me = cx.me();
         for leaf in &self.leaves {
-            cx.send(*leaf, Request(me));
+            cx.send(*leaf, Request(self.round));
         }
         self.waiting = self.leaves.len() as u64;
     }
@@ -105,7 +109,8 @@ impl Actor for Hub {
                 self.leaves = leaves;
                 self.fan_out(cx);
             }
-            HubMsg::Reply => {
+            HubMsg::Reply(round) => {
+                debug_assert_eq!(round, self.round);
                 self.waiting -= 1;
                 if self.waiting == 0 {
                     self.round += 1;
@@ -120,12 +125,31 @@ impl Actor for Hub {
     }
 }
 
-struct Leaf;
+struct Leaf {
+    hub: Addr<Hub>,
+}
 impl Actor for Leaf {
     type Msg = Request;
     type Timer = ();
-    fn on_msg(&mut self, _: ActorId, Request(hub): Request, cx: &mut Cx<'_, Self>) {
-        cx.send(hub, HubMsg::Reply);
+    fn on_msg(&mut self, _: ActorId, Request(round): Request, cx: &mut Cx<'_, Self>) {
+        cx.send(self.hub, HubMsg::Reply(round));
+    }
+}
+
+fn pinger(done: Addr<External<u64>>) -> Pinger {
+    Pinger {
+        rounds: PING_PONG_ROUNDS,
+        peer: None,
+        done,
+    }
+}
+
+fn hub(done: Addr<External<u64>>) -> Hub {
+    Hub {
+        leaves: Vec::new(),
+        waiting: 0,
+        round: 0,
+        done,
     }
 }
 
@@ -136,15 +160,8 @@ const OUTSIDE: ActorId = ActorId::new(99, 0);
 fn sim_ping_pong() -> u64 {
     let mut sim = Sim::new(SimConfig::new(1));
     let done = sim.probe::<u64>(NodeId(0));
-    let ponger = sim.spawn(NodeId(0), Ponger);
-    let pinger = sim.spawn(
-        NodeId(0),
-        Pinger {
-            rounds: PING_PONG_ROUNDS,
-            peer: None,
-            done,
-        },
-    );
+    let pinger = sim.spawn(NodeId(0), pinger(done));
+    let ponger = sim.spawn(NodeId(0), Ponger { pinger });
     sim.inject(OUTSIDE, pinger, PingMsg::Start(ponger));
     sim.run().expect("no invariant to break");
     sim.events()
@@ -153,18 +170,10 @@ fn sim_ping_pong() -> u64 {
 fn sim_fan_out() -> u64 {
     let mut sim = Sim::new(SimConfig::new(1));
     let done = sim.probe::<u64>(NodeId(0));
+    let hub = sim.spawn(NodeId(0), hub(done));
     let leaves = (0..FAN_OUT_LEAVES)
-        .map(|_| sim.spawn(NodeId(0), Leaf))
+        .map(|_| sim.spawn(NodeId(0), Leaf { hub }))
         .collect();
-    let hub = sim.spawn(
-        NodeId(0),
-        Hub {
-            leaves: Vec::new(),
-            waiting: 0,
-            round: 0,
-            done,
-        },
-    );
     sim.inject(OUTSIDE, hub, HubMsg::Start(leaves));
     sim.run().expect("no invariant to break");
     sim.events()
@@ -177,12 +186,8 @@ async fn live_ping_pong() {
         .await
         .expect("local node starts");
     let (done, mut rx) = node.probe::<u64>(4);
-    let ponger = node.spawn(Ponger);
-    let pinger = node.spawn(Pinger {
-        rounds: PING_PONG_ROUNDS,
-        peer: None,
-        done,
-    });
+    let pinger = node.spawn(pinger(done));
+    let ponger = node.spawn(Ponger { pinger });
     node.send(OUTSIDE, pinger, PingMsg::Start(ponger))
         .await
         .expect("pinger is local");
@@ -195,13 +200,10 @@ async fn live_fan_out() {
         .await
         .expect("local node starts");
     let (done, mut rx) = node.probe::<u64>(4);
-    let leaves = (0..FAN_OUT_LEAVES).map(|_| node.spawn(Leaf)).collect();
-    let hub = node.spawn(Hub {
-        leaves: Vec::new(),
-        waiting: 0,
-        round: 0,
-        done,
-    });
+    let hub = node.spawn(hub(done));
+    let leaves = (0..FAN_OUT_LEAVES)
+        .map(|_| node.spawn(Leaf { hub }))
+        .collect();
     node.send(OUTSIDE, hub, HubMsg::Start(leaves))
         .await
         .expect("hub is local");
@@ -229,12 +231,8 @@ fn adapter_ping_pong(sys: &mut actix::SystemRunner) {
         let gyre = ActixGyre::new(NodeId(0), 1);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let done = gyre.external(Finish(Some(tx)).start().recipient());
-        let ponger = gyre.start(Ponger);
-        let pinger = gyre.start(Pinger {
-            rounds: PING_PONG_ROUNDS,
-            peer: None,
-            done,
-        });
+        let pinger = gyre.start(pinger(done));
+        let ponger = gyre.start(Ponger { pinger: pinger.id });
         pinger.tell(OUTSIDE, PingMsg::Start(ponger.id));
         rx.await.expect("pinger reports");
     });
@@ -245,13 +243,10 @@ fn adapter_fan_out(sys: &mut actix::SystemRunner) {
         let gyre = ActixGyre::new(NodeId(0), 1);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let done = gyre.external(Finish(Some(tx)).start().recipient());
-        let leaves = (0..FAN_OUT_LEAVES).map(|_| gyre.start(Leaf).id).collect();
-        let hub = gyre.start(Hub {
-            leaves: Vec::new(),
-            waiting: 0,
-            round: 0,
-            done,
-        });
+        let hub = gyre.start(hub(done));
+        let leaves = (0..FAN_OUT_LEAVES)
+            .map(|_| gyre.start(Leaf { hub: hub.id }).id)
+            .collect();
         hub.tell(OUTSIDE, HubMsg::Start(leaves));
         rx.await.expect("hub reports");
     });
@@ -322,10 +317,10 @@ fn actix_ping_pong(sys: &mut actix::SystemRunner) {
 
 #[derive(actix::Message)]
 #[rtype(result = "()")]
-struct AReq;
+struct AReq(u64);
 #[derive(actix::Message)]
 #[rtype(result = "()")]
-struct AReply;
+struct AReply(u64);
 
 struct AHub {
     leaves: Vec<actix::Addr<ALeaf>>,
@@ -345,20 +340,21 @@ impl ActixActor for ALeaf {
 impl AHub {
     fn fan_out(&mut self) {
         for leaf in &self.leaves {
-            leaf.do_send(AReq);
+            leaf.do_send(AReq(self.round));
         }
         self.waiting = self.leaves.len() as u64;
     }
 }
 impl Handler<AReq> for ALeaf {
     type Result = ();
-    fn handle(&mut self, _: AReq, _: &mut Context<Self>) {
-        self.hub.do_send(AReply);
+    fn handle(&mut self, AReq(round): AReq, _: &mut Context<Self>) {
+        self.hub.do_send(AReply(round));
     }
 }
 impl Handler<AReply> for AHub {
     type Result = ();
-    fn handle(&mut self, _: AReply, _: &mut Context<Self>) {
+    fn handle(&mut self, AReply(round): AReply, _: &mut Context<Self>) {
+        debug_assert_eq!(round, self.round);
         self.waiting -= 1;
         if self.waiting == 0 {
             self.round += 1;
@@ -464,15 +460,10 @@ fn live_node_overhead(c: &mut Criterion) {
                     .await
                     .expect("local node starts");
                 let (done, _rx) = node.probe::<u64>(4);
+                let hub = node.spawn(hub(done));
                 for _ in 0..FAN_OUT_LEAVES {
-                    node.spawn(Leaf);
+                    node.spawn(Leaf { hub });
                 }
-                node.spawn(Hub {
-                    leaves: Vec::new(),
-                    waiting: 0,
-                    round: 0,
-                    done,
-                });
                 node.shutdown().await;
             })
         })
