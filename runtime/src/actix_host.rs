@@ -3,7 +3,8 @@
 //! Research code often already lives in actix. This adapter hosts any Gyre
 //! [`Actor`] as an actix actor ([`GyreActix`]) so that it runs unchanged next
 //! to the user's own actors: each Gyre actor gets an inbox its actix actor
-//! polls as a stream (see [`inbox`]), its timers become `run_later` futures,
+//! drains from its own context (see [`inbox`]), its timers become
+//! `run_later` futures,
 //! its I/O runs on tokio's blocking pool, and its sends are routed by
 //! [`ActorId`] through a shared table.
 //!
@@ -19,13 +20,15 @@
 
 mod inbox;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Instant;
 
 use actix::{
-    Actor as ActixActor, ActorContext, AsyncContext, Context, Handler, Recipient, SpawnHandle,
-    StreamHandler,
+    Actor as ActixActor, ActorContext, ActorFuture, AsyncContext, Context, Handler, Recipient,
+    SpawnHandle,
 };
 use dashmap::DashMap;
 use rustc_hash::FxHashMap;
@@ -34,7 +37,7 @@ use crate::actor::{Actor, External, Message};
 use crate::hosted::{BoxMsg, DynActor, Effect, Env, IdAlloc, hosted};
 use crate::id::{ActorId, Addr, NodeId};
 use crate::time::{Clock, Nanos, from_duration, to_duration};
-use inbox::{Inbox, InboxStream, Letter};
+use inbox::{Inbox, Receiver};
 
 /// A typed message from `from`, as actix sees it.
 #[derive(Debug)]
@@ -144,10 +147,10 @@ impl ActixGyre {
         gyre.shared
             .routes
             .insert(id, Route::Hosted(Arc::clone(&inbox)));
-        let stream = InboxStream::new(Arc::clone(&inbox));
+        let drain = Drain(Receiver::new(Arc::clone(&inbox)));
         let mine = Arc::clone(&inbox);
         let addr = GyreActix::create(move |ctx| {
-            ctx.add_stream(stream);
+            ctx.spawn(drain);
             GyreActix {
                 inner,
                 inbox: mine,
@@ -401,13 +404,36 @@ impl GyreActix {
     }
 }
 
-impl StreamHandler<Letter> for GyreActix {
-    fn handle(&mut self, (from, msg): Letter, ctx: &mut Context<Self>) {
-        self.deliver(from, msg, ctx);
-    }
+/// Letters a hosted actor handles in one turn before it lets its context
+/// (timers, I/O completions) and the arbiter's other actors run.
+const LETTERS_PER_TURN: usize = 256;
 
-    /// The inbox never ends while the actor runs (see [`InboxStream`]).
-    fn finished(&mut self, _ctx: &mut Context<Self>) {}
+/// Delivers a hosted actor's inbox, as a future in its own actix context; it
+/// never ends while the actor runs.
+struct Drain(Receiver);
+
+impl ActorFuture<GyreActix> for Drain {
+    type Output = ();
+
+    fn poll(
+        self: Pin<&mut Self>,
+        act: &mut GyreActix,
+        ctx: &mut Context<GyreActix>,
+        task: &mut std::task::Context<'_>,
+    ) -> Poll<()> {
+        let receiver = &mut self.get_mut().0;
+        for _ in 0..LETTERS_PER_TURN {
+            if act.stopped {
+                return Poll::Pending;
+            }
+            match receiver.poll_letter(task) {
+                Poll::Ready((from, msg)) => act.deliver(from, msg, ctx),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        task.waker().wake_by_ref();
+        Poll::Pending
+    }
 }
 
 impl Handler<Envelope> for GyreActix {

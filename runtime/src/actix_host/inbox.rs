@@ -6,8 +6,9 @@
 //! (about nine atomic read-modify-writes a message, each dear on a VM). The
 //! inbox takes the boxed message as it is: one compare-and-swap to push it,
 //! one per batch to take what arrived, and the actor's task is woken only
-//! when it had gone idle. The actor polls the inbox as an actix stream, so
-//! it still runs as one actix actor in its arbiter, next to the user's own.
+//! when it had gone idle. The hosting actix actor drains the inbox from a
+//! future in its own context, so it still runs as one actix actor in its
+//! arbiter, next to the user's own.
 //! Every path into a hosted actor goes through here (other Gyre actors,
 //! [`super::GyreHandle::tell`], [`super::ActixGyre::send`], its own I/O
 //! completions), so one sender's messages keep their order.
@@ -20,12 +21,9 @@
 
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, Waker};
-
-use futures::Stream;
 
 use crate::hosted::BoxMsg;
 use crate::id::ActorId;
@@ -55,7 +53,7 @@ pub(super) struct Inbox {
 struct Locked {
     queue: VecDeque<Letter>,
     /// The actor's task, kept across wake-ups so that parking again does not
-    /// clone it. Written only by [`InboxStream::poll_next`], under the lock.
+    /// clone it. Written only by [`Receiver::poll_letter`], under the lock.
     waker: Option<Waker>,
 }
 
@@ -176,16 +174,16 @@ impl Inbox {
     }
 }
 
-/// The receiving side: the stream the hosting actix actor polls. Dropping it
-/// (the actor stopped or its arbiter went away) closes the inbox.
-pub(super) struct InboxStream {
+/// The receiving side, polled by the hosting actix actor. Dropping it (the
+/// actor stopped or its arbiter went away) closes the inbox.
+pub(super) struct Receiver {
     inbox: Arc<Inbox>,
     /// The batch taken from the queue, delivered before the lock is taken
     /// again.
     batch: VecDeque<Letter>,
 }
 
-impl InboxStream {
+impl Receiver {
     pub(super) fn new(inbox: Arc<Inbox>) -> Self {
         Self {
             inbox,
@@ -195,7 +193,7 @@ impl InboxStream {
 
     /// Whether the waker the inbox holds wakes this task.
     fn waker_current(&self, cx: &Context<'_>) -> bool {
-        // SAFETY: only this stream's `poll_next` writes the waker, so reading
+        // SAFETY: only this receiver's `poll_letter` writes the waker, so reading
         // it here cannot race with a write; senders and `close` never write
         // it, and the queue beside it is not touched.
         let locked = unsafe { &*self.inbox.locked.get() };
@@ -204,22 +202,19 @@ impl InboxStream {
             .as_ref()
             .is_some_and(|w| w.will_wake(cx.waker()))
     }
-}
 
-impl Stream for InboxStream {
-    type Item = Letter;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Letter>> {
-        let this = self.get_mut();
+    /// The next letter, or pending (and the task woken on the next push).
+    pub(super) fn poll_letter(&mut self, cx: &mut Context<'_>) -> Poll<Letter> {
+        let this = self;
         if let Some(letter) = this.batch.pop_front() {
-            return Poll::Ready(Some(letter));
+            return Poll::Ready(letter);
         }
         // Parked since the last batch and nothing came: no lock needed.
         if this.inbox.state.load(Ordering::Acquire) == PARKED && this.waker_current(cx) {
             return Poll::Pending;
         }
-        // A closed inbox stays pending rather than ending the stream: its
-        // actor is stopping already and the stream goes with it.
+        // A closed inbox stays pending: its actor is stopping already and
+        // the receiver goes with it.
         let Some(mut guard) = this.inbox.lock() else {
             return Poll::Pending;
         };
@@ -234,13 +229,13 @@ impl Stream for InboxStream {
         std::mem::swap(&mut locked.queue, &mut this.batch);
         guard.unlock(PARKED);
         match this.batch.pop_front() {
-            Some(letter) => Poll::Ready(Some(letter)),
+            Some(letter) => Poll::Ready(letter),
             None => Poll::Pending,
         }
     }
 }
 
-impl Drop for InboxStream {
+impl Drop for Receiver {
     fn drop(&mut self) {
         self.inbox.close();
     }
@@ -250,8 +245,6 @@ impl Drop for InboxStream {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
-
-    use futures::StreamExt;
 
     use super::*;
 
@@ -267,9 +260,9 @@ mod tests {
     }
 
     /// An inbox, its stream, and a waker that counts its wake-ups.
-    fn receiver() -> (Arc<Inbox>, InboxStream, Arc<CountWakes>, Waker) {
+    fn receiver() -> (Arc<Inbox>, Receiver, Arc<CountWakes>, Waker) {
         let inbox = Arc::new(Inbox::default());
-        let stream = InboxStream::new(Arc::clone(&inbox));
+        let stream = Receiver::new(Arc::clone(&inbox));
         let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&wakes));
         (inbox, stream, wakes, waker)
@@ -283,7 +276,7 @@ mod tests {
     fn letters_come_out_in_order_and_a_parked_actor_is_woken_once() {
         let (inbox, mut stream, wakes, waker) = receiver();
         let mut cx = Context::from_waker(&waker);
-        assert!(stream.poll_next_unpin(&mut cx).is_pending());
+        assert!(stream.poll_letter(&mut cx).is_pending());
         for n in 0..5 {
             assert!(inbox.push(letter(n)));
         }
@@ -294,7 +287,7 @@ mod tests {
         );
         inbox.push(letter(5));
         let mut got = Vec::new();
-        while let Poll::Ready(Some(l)) = stream.poll_next_unpin(&mut cx) {
+        while let Poll::Ready(l) = stream.poll_letter(&mut cx) {
             got.push(number(l));
             if got.len() == 3 {
                 // The actor parked when it took the batch, so a letter that
@@ -307,8 +300,8 @@ mod tests {
         inbox.push(letter(7));
         inbox.push(letter(8));
         assert_eq!(wakes.0.load(Ordering::Relaxed), 3);
-        let rest: Vec<u64> = std::iter::from_fn(|| match stream.poll_next_unpin(&mut cx) {
-            Poll::Ready(Some(l)) => Some(number(l)),
+        let rest: Vec<u64> = std::iter::from_fn(|| match stream.poll_letter(&mut cx) {
+            Poll::Ready(l) => Some(number(l)),
             _ => None,
         })
         .collect();
@@ -335,8 +328,8 @@ mod tests {
         let mut next = vec![0; SENDERS as usize];
         let mut got = 0;
         while got < SENDERS * EACH {
-            match stream.poll_next_unpin(&mut cx) {
-                Poll::Ready(Some(letter)) => {
+            match stream.poll_letter(&mut cx) {
+                Poll::Ready(letter) => {
                     let from = letter.0;
                     let n = number(letter);
                     assert_eq!(n, next[from.local as usize], "sender {from}");
@@ -349,13 +342,13 @@ mod tests {
         for s in senders {
             s.join().expect("sender thread");
         }
-        assert!(stream.poll_next_unpin(&mut cx).is_pending());
+        assert!(stream.poll_letter(&mut cx).is_pending());
     }
 
     #[test]
     fn a_dropped_stream_refuses_letters() {
         let inbox = Arc::new(Inbox::default());
-        let stream = InboxStream::new(Arc::clone(&inbox));
+        let stream = Receiver::new(Arc::clone(&inbox));
         assert!(inbox.push(letter(1)));
         drop(stream);
         assert!(inbox.is_closed());
