@@ -259,13 +259,13 @@ mod tests {
         (ActorId::new(0, n), Box::new(n))
     }
 
-    /// An inbox, its stream, and a waker that counts its wake-ups.
+    /// An inbox, its receiver, and a waker that counts its wake-ups.
     fn receiver() -> (Arc<Inbox>, Receiver, Arc<CountWakes>, Waker) {
         let inbox = Arc::new(Inbox::default());
-        let stream = Receiver::new(Arc::clone(&inbox));
+        let receiver = Receiver::new(Arc::clone(&inbox));
         let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&wakes));
-        (inbox, stream, wakes, waker)
+        (inbox, receiver, wakes, waker)
     }
 
     fn number(letter: Letter) -> u64 {
@@ -274,9 +274,9 @@ mod tests {
 
     #[test]
     fn letters_come_out_in_order_and_a_parked_actor_is_woken_once() {
-        let (inbox, mut stream, wakes, waker) = receiver();
+        let (inbox, mut receiver, wakes, waker) = receiver();
         let mut cx = Context::from_waker(&waker);
-        assert!(stream.poll_letter(&mut cx).is_pending());
+        assert!(receiver.poll_letter(&mut cx).is_pending());
         for n in 0..5 {
             assert!(inbox.push(letter(n)));
         }
@@ -287,7 +287,7 @@ mod tests {
         );
         inbox.push(letter(5));
         let mut got = Vec::new();
-        while let Poll::Ready(l) = stream.poll_letter(&mut cx) {
+        while let Poll::Ready(l) = receiver.poll_letter(&mut cx) {
             got.push(number(l));
             if got.len() == 3 {
                 // The actor parked when it took the batch, so a letter that
@@ -300,7 +300,7 @@ mod tests {
         inbox.push(letter(7));
         inbox.push(letter(8));
         assert_eq!(wakes.0.load(Ordering::Relaxed), 3);
-        let rest: Vec<u64> = std::iter::from_fn(|| match stream.poll_letter(&mut cx) {
+        let rest: Vec<u64> = std::iter::from_fn(|| match receiver.poll_letter(&mut cx) {
             Poll::Ready(l) => Some(number(l)),
             _ => None,
         })
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn letters_from_many_threads_all_arrive_in_each_senders_order() {
-        let (inbox, mut stream, _wakes, waker) = receiver();
+        let (inbox, mut receiver, _wakes, waker) = receiver();
         let mut cx = Context::from_waker(&waker);
         const SENDERS: u64 = 4;
         const EACH: u64 = 2_000;
@@ -328,7 +328,7 @@ mod tests {
         let mut next = vec![0; SENDERS as usize];
         let mut got = 0;
         while got < SENDERS * EACH {
-            match stream.poll_letter(&mut cx) {
+            match receiver.poll_letter(&mut cx) {
                 Poll::Ready(letter) => {
                     let from = letter.0;
                     let n = number(letter);
@@ -342,15 +342,15 @@ mod tests {
         for s in senders {
             s.join().expect("sender thread");
         }
-        assert!(stream.poll_letter(&mut cx).is_pending());
+        assert!(receiver.poll_letter(&mut cx).is_pending());
     }
 
     #[test]
-    fn a_dropped_stream_refuses_letters() {
+    fn a_dropped_receiver_refuses_letters() {
         let inbox = Arc::new(Inbox::default());
-        let stream = Receiver::new(Arc::clone(&inbox));
+        let receiver = Receiver::new(Arc::clone(&inbox));
         assert!(inbox.push(letter(1)));
-        drop(stream);
+        drop(receiver);
         assert!(inbox.is_closed());
         assert!(!inbox.push(letter(2)));
     }
