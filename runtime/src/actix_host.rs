@@ -2,25 +2,33 @@
 //!
 //! Research code often already lives in actix. This adapter hosts any Gyre
 //! [`Actor`] as an actix actor ([`GyreActix`]) so that it runs unchanged next
-//! to the user's own actors: each Gyre actor gets an actix mailbox, its timers
-//! become `run_later` futures, its I/O runs on tokio's blocking pool, and its
-//! sends are routed by [`ActorId`] through a shared table.
+//! to the user's own actors: each Gyre actor gets an inbox its actix actor
+//! drains from its own context (see [`inbox`]), its timers become
+//! `run_later` futures,
+//! its I/O runs on tokio's blocking pool, and its sends are routed by
+//! [`ActorId`] through a shared table.
 //!
 //! Interop both ways:
 //! - a user's actix actor sends to a Gyre actor with [`GyreHandle::tell`]
-//!   (or by sending an [`Envelope`] to the actix address);
+//!   (or by sending an [`Envelope`] to the actix address: that path is not
+//!   ordered with the inbox's);
 //! - a Gyre actor sends to a user's actix actor through an
 //!   `Addr<External<M>>` obtained from [`ActixGyre::external`], which the
 //!   adapter delivers as a [`Tell<M>`] to the user's `Recipient`.
 //!
 //! There is no network here: `watch_node` is accepted and never fires.
 
+mod inbox;
+
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Instant;
 
 use actix::{
-    Actor as ActixActor, ActorContext, AsyncContext, Context, Handler, Recipient, SpawnHandle,
+    Actor as ActixActor, ActorContext, ActorFuture, AsyncContext, Context, Handler, Recipient,
+    SpawnHandle,
 };
 use dashmap::DashMap;
 use rustc_hash::FxHashMap;
@@ -29,6 +37,7 @@ use crate::actor::{Actor, External, Message};
 use crate::hosted::{BoxMsg, DynActor, Effect, Env, IdAlloc, hosted};
 use crate::id::{ActorId, Addr, NodeId};
 use crate::time::{Clock, Nanos, from_duration, to_duration};
+use inbox::{Inbox, Receiver};
 
 /// A typed message from `from`, as actix sees it.
 #[derive(Debug)]
@@ -52,9 +61,25 @@ impl actix::Message for Envelope {
     type Result = ();
 }
 
-/// Delivers a message to one destination; false when the destination is
-/// gone (the message is then dropped).
-type Route = Arc<dyn Fn(ActorId, BoxMsg) -> bool + Send + Sync>;
+/// Where messages to one id go.
+#[derive(Clone)]
+enum Route {
+    /// A hosted Gyre actor's inbox.
+    Hosted(Arc<Inbox>),
+    /// A user's actix recipient; false when it is gone.
+    External(Arc<dyn Fn(ActorId, BoxMsg) -> bool + Send + Sync>),
+}
+
+impl Route {
+    /// Delivers `msg`; false when the destination is gone (the message is
+    /// then dropped).
+    fn deliver(&self, from: ActorId, msg: BoxMsg) -> bool {
+        match self {
+            Route::Hosted(inbox) => inbox.push((from, msg)),
+            Route::External(tell) => tell(from, msg),
+        }
+    }
+}
 
 /// Routes a hosted actor remembers before it starts over.
 const ROUTE_CACHE_LIMIT: usize = 1024;
@@ -104,46 +129,46 @@ impl ActixGyre {
     /// inside a running actix system.
     pub fn start<A: Actor>(&self, actor: A) -> GyreHandle<A> {
         let id = self.shared.alloc(self.shared.node);
-        let addr = self.start_dyn(hosted(actor, id, self.shared.seed));
+        let (addr, inbox) = self.start_dyn(hosted(actor, id, self.shared.seed));
         GyreHandle {
             id: Addr::new(id),
             addr,
+            inbox,
+            gyre: self.clone(),
         }
     }
 
-    fn start_dyn(&self, inner: Box<dyn DynActor>) -> actix::Addr<GyreActix> {
+    fn start_dyn(&self, inner: Box<dyn DynActor>) -> (actix::Addr<GyreActix>, Arc<Inbox>) {
         let id = inner.id();
         let gyre = self.clone();
-        GyreActix::create(move |ctx| {
-            // Register before the actor starts so on_start's sends to itself
-            // (and anyone's sends to it) find the route.
-            let me = ctx.address();
-            gyre.shared.routes.insert(
-                id,
-                Arc::new(move |from, msg| {
-                    let alive = me.connected();
-                    if alive {
-                        me.do_send(Envelope { from, msg });
-                    }
-                    alive
-                }),
-            );
+        let inbox = Arc::new(Inbox::default());
+        // Register before the actor starts so on_start's sends to itself
+        // (and anyone's sends to it) find the route.
+        gyre.shared
+            .routes
+            .insert(id, Route::Hosted(Arc::clone(&inbox)));
+        let drain = Drain(Receiver::new(Arc::clone(&inbox)));
+        let mine = Arc::clone(&inbox);
+        let addr = GyreActix::create(move |ctx| {
+            ctx.spawn(drain);
             GyreActix {
                 inner,
+                inbox: mine,
                 gyre,
                 timers: FxHashMap::default(),
-                routes: FxHashMap::default(),
+                routes: RouteCache::default(),
                 effects: Vec::new(),
                 stopped: false,
             }
-        })
+        });
+        (addr, inbox)
     }
 
     /// An address Gyre actors can send `M` to; the adapter hands each such
     /// message to `recipient` as a [`Tell<M>`].
     pub fn external<M: Message>(&self, recipient: Recipient<Tell<M>>) -> Addr<External<M>> {
         let id = self.shared.alloc(self.shared.node);
-        let route: Route = Arc::new(move |from, msg: BoxMsg| {
+        let route = Route::External(Arc::new(move |from, msg: BoxMsg| {
             if !recipient.connected() {
                 return false;
             }
@@ -158,7 +183,7 @@ impl ActixGyre {
                 ),
             }
             true
-        });
+        }));
         self.shared.routes.insert(id, route);
         Addr::new(id)
     }
@@ -175,10 +200,10 @@ impl ActixGyre {
     }
 
     fn route(&self, from: ActorId, to: ActorId, msg: BoxMsg) {
-        let route = self.shared.routes.get(&to).map(|r| Arc::clone(r.value()));
+        let route = self.shared.routes.get(&to).map(|r| r.value().clone());
         match route {
             Some(route) => {
-                if !route(from, msg) {
+                if !route.deliver(from, msg) {
                     self.count_dropped(from, to);
                 }
             }
@@ -186,33 +211,34 @@ impl ActixGyre {
         }
     }
 
-    /// Sends through `cache` (a hosted actor's), which saves the shared
-    /// table's lock and reference count on every send to a known address.
-    fn route_cached(
-        &self,
-        cache: &mut FxHashMap<ActorId, Route>,
-        from: ActorId,
-        to: ActorId,
-        msg: BoxMsg,
-    ) {
-        // One lookup on the hit path, the common case.
-        let delivered = match cache.get(&to) {
-            Some(route) => route(from, msg),
+    /// Sends through `cache` (a hosted actor's).
+    fn route_cached(&self, cache: &mut RouteCache, from: ActorId, to: ActorId, msg: BoxMsg) {
+        // One comparison or one lookup on the hit path, the common case.
+        let hit = match &cache.newest {
+            Some((id, route)) if *id == to => Some(route),
+            _ => cache.map.get(&to),
+        };
+        let delivered = match hit {
+            Some(route) => route.deliver(from, msg),
             None => {
-                let Some(route) = self.shared.routes.get(&to).map(|r| Arc::clone(r.value())) else {
+                let Some(route) = self.shared.routes.get(&to).map(|r| r.value().clone()) else {
                     self.count_dropped(from, to);
                     return;
                 };
-                if cache.len() >= ROUTE_CACHE_LIMIT {
-                    cache.clear();
+                if cache.map.len() >= ROUTE_CACHE_LIMIT {
+                    cache.map.clear();
                 }
-                let delivered = route(from, msg);
-                cache.insert(to, route);
+                let delivered = route.deliver(from, msg);
+                cache.newest = Some((to, route.clone()));
+                cache.map.insert(to, route);
                 delivered
             }
         };
         if !delivered {
-            cache.remove(&to);
+            cache.map.remove(&to);
+            if cache.newest.as_ref().is_some_and(|(id, _)| *id == to) {
+                cache.newest = None;
+            }
             self.count_dropped(from, to);
         }
     }
@@ -227,20 +253,34 @@ impl ActixGyre {
     }
 }
 
+/// The routes one hosted actor has sent on, which saves the shared table's
+/// lock and reference count on every send to a known address.
+#[derive(Default)]
+struct RouteCache {
+    /// The route added last, compared before the map is looked up: an
+    /// actor that talks to one peer (a worker to its hub, one side of a
+    /// pair) pays no hash.
+    newest: Option<(ActorId, Route)>,
+    map: FxHashMap<ActorId, Route>,
+}
+
 /// A started Gyre actor: its Gyre address and its actix address.
 pub struct GyreHandle<A: Actor> {
     pub id: Addr<A>,
     pub addr: actix::Addr<GyreActix>,
+    inbox: Arc<Inbox>,
+    gyre: ActixGyre,
 }
 
 impl<A: Actor> GyreHandle<A> {
-    /// Delivers `msg` as if sent by `from` (an actix actor's chosen id).
+    /// Delivers `msg` as if sent by `from` (an actix actor's chosen id),
+    /// after everything already queued to the actor; counted as dropped once
+    /// the actor stopped.
     pub fn tell(&self, from: ActorId, msg: impl Into<A::Msg>) {
         let msg: A::Msg = msg.into();
-        self.addr.do_send(Envelope {
-            from,
-            msg: Box::new(msg),
-        });
+        if !self.inbox.push((from, Box::new(msg))) {
+            self.gyre.count_dropped(from, self.id.id());
+        }
     }
 }
 
@@ -249,6 +289,8 @@ impl<A: Actor> Clone for GyreHandle<A> {
         Self {
             id: self.id,
             addr: self.addr.clone(),
+            inbox: Arc::clone(&self.inbox),
+            gyre: self.gyre.clone(),
         }
     }
 }
@@ -256,10 +298,11 @@ impl<A: Actor> Clone for GyreHandle<A> {
 /// The actix actor that hosts one Gyre actor.
 pub struct GyreActix {
     inner: Box<dyn DynActor>,
+    inbox: Arc<Inbox>,
     gyre: ActixGyre,
     timers: FxHashMap<u64, SpawnHandle>,
     /// Routes this actor has sent on.
-    routes: FxHashMap<ActorId, Route>,
+    routes: RouteCache,
     /// The effects of the handler that just ran (kept for its capacity).
     effects: Vec<Effect>,
     stopped: bool,
@@ -308,7 +351,7 @@ impl GyreActix {
                     }
                 }
                 Effect::Spawn { actor, .. } => {
-                    self.gyre.start_dyn(actor);
+                    let _started = self.gyre.start_dyn(actor);
                 }
                 Effect::Io { op } => {
                     let gyre = self.gyre.clone();
@@ -328,6 +371,9 @@ impl GyreActix {
                 }
                 Effect::Stop => {
                     self.stopped = true;
+                    // Later sends count as dropped from now on, as they are
+                    // never handled.
+                    self.inbox.close();
                     ctx.stop();
                 }
             }
@@ -344,18 +390,56 @@ impl ActixActor for GyreActix {
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         self.gyre.shared.routes.remove(&self.inner.id());
+        self.inbox.close();
+    }
+}
+
+impl GyreActix {
+    fn deliver(&mut self, from: ActorId, msg: BoxMsg, ctx: &mut Context<Self>) {
+        self.with_env(ctx, |inner, env| {
+            if let Err(e) = inner.deliver(from, msg, env) {
+                tracing::warn!("{e}");
+            }
+        });
+    }
+}
+
+/// Letters a hosted actor handles in one turn before it lets its context
+/// (timers, I/O completions) and the arbiter's other actors run.
+const LETTERS_PER_TURN: usize = 256;
+
+/// Delivers a hosted actor's inbox, as a future in its own actix context; it
+/// never ends while the actor runs.
+struct Drain(Receiver);
+
+impl ActorFuture<GyreActix> for Drain {
+    type Output = ();
+
+    fn poll(
+        self: Pin<&mut Self>,
+        act: &mut GyreActix,
+        ctx: &mut Context<GyreActix>,
+        task: &mut std::task::Context<'_>,
+    ) -> Poll<()> {
+        let receiver = &mut self.get_mut().0;
+        for _ in 0..LETTERS_PER_TURN {
+            if act.stopped {
+                return Poll::Pending;
+            }
+            match receiver.poll_letter(task) {
+                Poll::Ready((from, msg)) => act.deliver(from, msg, ctx),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        task.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
 impl Handler<Envelope> for GyreActix {
     type Result = ();
 
-    fn handle(&mut self, env: Envelope, ctx: &mut Context<Self>) {
-        let Envelope { from, msg } = env;
-        self.with_env(ctx, |inner, env| {
-            if let Err(e) = inner.deliver(from, msg, env) {
-                tracing::warn!("{e}");
-            }
-        });
+    fn handle(&mut self, Envelope { from, msg }: Envelope, ctx: &mut Context<Self>) {
+        self.deliver(from, msg, ctx);
     }
 }

@@ -2,10 +2,11 @@
 //! messages flow both ways, timers and I/O work, spawn and stop work.
 #![cfg(feature = "actix")]
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use actix::{Actor as ActixActor, Context, Handler, System};
-use gyre_runtime::actix_host::{ActixGyre, Tell};
+use gyre_runtime::actix_host::{ActixGyre, Envelope, GyreHandle, Tell};
 use gyre_runtime::{Actor, ActorId, Addr, Cx, External, IoError, IoRequest, MILLIS, NodeId};
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,7 @@ enum Out {
     Doubled(u64),
     Started(ActorId),
     Failed(String),
+    Counted(u64),
 }
 
 struct Doubling(u64);
@@ -194,4 +196,132 @@ fn stopped_actor_no_longer_receives() {
         gyre.dropped()
     });
     assert_eq!(dropped, 1);
+}
+
+/// Stops the system after a generous while, so that a lost message fails
+/// the test's assertions instead of hanging it.
+fn stop_if_stuck() {
+    actix::spawn(async {
+        actix::clock::sleep(std::time::Duration::from_secs(60)).await;
+        System::current().stop();
+    });
+}
+
+/// Checks that each sender's numbered messages arrive in the order sent,
+/// and reports the count once `expect` arrived.
+struct InOrder {
+    next: BTreeMap<ActorId, u64>,
+    seen: u64,
+    expect: u64,
+    report: Addr<External<Out>>,
+}
+impl Actor for InOrder {
+    type Msg = u64;
+    type Timer = ();
+    fn on_msg(&mut self, from: ActorId, n: u64, cx: &mut Cx<'_, Self>) {
+        let next = self.next.entry(from).or_default();
+        if n != *next {
+            cx.send(
+                self.report,
+                Out::Failed(format!("{from}: {n} after {next}")),
+            );
+        }
+        *next = n + 1;
+        self.seen += 1;
+        if self.seen == self.expect {
+            cx.send(self.report, Out::Counted(self.seen));
+        }
+    }
+}
+
+/// Sends `count` numbered messages to `to` in one handler.
+struct Burst {
+    to: Addr<InOrder>,
+    count: u64,
+}
+impl Actor for Burst {
+    type Msg = ();
+    type Timer = ();
+    fn on_msg(&mut self, _: ActorId, (): (), cx: &mut Cx<'_, Self>) {
+        for n in 0..self.count {
+            cx.send(self.to, n);
+        }
+    }
+}
+
+/// A node with an [`InOrder`] actor that reports its first finding to a
+/// [`Collector`] filling `seen`, which then stops the system.
+fn in_order_node(
+    seed: u64,
+    expect: u64,
+    seen: Arc<Mutex<Vec<Out>>>,
+) -> (ActixGyre, GyreHandle<InOrder>) {
+    stop_if_stuck();
+    let gyre = ActixGyre::new(NodeId(0), seed);
+    let collector = Collector {
+        seen,
+        stop_after: 1,
+    }
+    .start();
+    let report = gyre.external(collector.recipient());
+    let in_order = gyre.start(InOrder {
+        next: BTreeMap::new(),
+        seen: 0,
+        expect,
+        report,
+    });
+    (gyre, in_order)
+}
+
+#[test]
+fn each_senders_messages_arrive_in_order() {
+    const COUNT: u64 = 500;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = Arc::clone(&seen);
+    let sys = System::new();
+    sys.block_on(async move {
+        let (gyre, in_order) = in_order_node(3, 3 * COUNT, seen2);
+        for burst in 0..2 {
+            let b = gyre.start(Burst {
+                to: in_order.id,
+                count: COUNT,
+            });
+            gyre.send(ActorId::new(9, burst), b.id, ());
+        }
+        // From outside, through the handle and through the node, mixed.
+        let user = ActorId::new(9, 9);
+        for n in 0..COUNT {
+            if n % 2 == 0 {
+                in_order.tell(user, n);
+            } else {
+                gyre.send(user, in_order.id, n);
+            }
+        }
+    });
+    sys.run().unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![Out::Counted(3 * 500)]);
+}
+
+#[test]
+fn an_envelope_sent_to_the_actix_address_is_delivered() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = Arc::clone(&seen);
+    let sys = System::new();
+    let dropped = sys.block_on(async move {
+        let (gyre, in_order) = in_order_node(5, 1, seen2);
+        let from = ActorId::new(9, 1);
+        // A mistyped one is dropped with a warning and leaves the actor as is.
+        in_order.addr.do_send(Envelope {
+            from,
+            msg: Box::new("not a number".to_string()),
+        });
+        in_order.addr.do_send(Envelope {
+            from,
+            msg: Box::new(0u64),
+        });
+        gyre.dropped()
+    });
+    sys.run().unwrap();
+    assert_eq!(dropped, 0);
+    assert_eq!(*seen.lock().unwrap(), vec![Out::Counted(1)]);
 }
