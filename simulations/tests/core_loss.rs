@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 use gyre_actors::sched::cell::CellRole;
 use gyre_actors::sched::core::{Core, CorePhase};
+use gyre_actors::sched::ids::EngineIx;
 use gyre_actors::sched::ids::GroupId;
 use gyre_actors::sched::{Policy, SchedConfig};
 use gyre_runtime::{Addr, MILLIS, Nanos, NodeId, SECS};
@@ -271,6 +272,45 @@ fn a_partition_of_the_cores_node_rolls_nothing_back() {
     assert!(r.kept, "the trainer kept its state: {r:?}");
     assert_eq!(r.to_version, Some(at_version));
     assert_eq!(r.lost_updates, 0);
+    assert!(log.redone.is_empty());
+    assert_eq!(log.updates, (0..cfg.sched.target_steps).collect::<Vec<_>>());
+}
+
+#[test]
+fn the_cores_node_dies_in_rollout_and_nothing_is_rolled_back() {
+    let cfg = config(5);
+    let mut cluster = checked(&cfg);
+    cluster.sim.run_until(MILLIS).expect("invariants hold");
+    // Cell 0 back in rollout after a burst (its publication durable),
+    // serving a call.
+    let serving = run_until(&mut cluster, |c| {
+        let s = c.sim.actor(c.sched).expect("the scheduler");
+        let on_cell0 = s
+            .peers()
+            .and_then(|p| c.sim.actor(p.proxy))
+            .is_some_and(|p| {
+                p.pending_calls()
+                    .iter()
+                    .any(|(_, at, _)| *at == Some(EngineIx::Cell(0)))
+            });
+        let core = core(c);
+        core.version() > 0 && core.phase() == CorePhase::Idle && on_cell0
+    });
+    assert!(serving, "cell 0 never served after a burst");
+    let at_version = core(&cluster).version();
+    cluster.sim.crash_node(CORE_NODE);
+    cluster
+        .sim
+        .run_until(cluster.sim.now() + 5 * SECS)
+        .expect("invariants hold");
+    cluster.sim.restart_node(CORE_NODE);
+    let stats = cluster.sim.run().expect("invariants hold");
+    assert!(!stats.limited, "the run did not finish");
+    check_end(&cluster).expect("end-of-run accounting");
+    let log = core(&cluster).log();
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    let r = &log.restores[0];
+    assert_eq!((r.to_version, r.kept), (Some(at_version), false), "{r:?}");
     assert!(log.redone.is_empty());
     assert_eq!(log.updates, (0..cfg.sched.target_steps).collect::<Vec<_>>());
 }
