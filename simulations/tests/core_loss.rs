@@ -16,9 +16,11 @@ use gyre_actors::sched::core::{Core, CorePhase};
 use gyre_actors::sched::ids::EngineIx;
 use gyre_actors::sched::ids::GroupId;
 use gyre_actors::sched::{Policy, SchedConfig};
+use gyre_runtime::sim::FaultPlan;
 use gyre_runtime::{Addr, MILLIS, Nanos, NodeId, SECS};
 use gyre_simulations::backends::trainer::TrainerOp;
 use gyre_simulations::checker::check_end;
+use gyre_simulations::swarm::{HORIZON, node_crashes, run_swarm, swarm_config};
 use gyre_simulations::world::{Cluster, ClusterConfig};
 
 mod common;
@@ -313,4 +315,30 @@ fn the_cores_node_dies_in_rollout_and_nothing_is_rolled_back() {
     assert_eq!((r.to_version, r.kept), (Some(at_version), false), "{r:?}");
     assert!(log.redone.is_empty());
     assert_eq!(log.updates, (0..cfg.sched.target_steps).collect::<Vec<_>>());
+}
+
+/// Seeds of the swarm's small clusters and fault plans (loss, duplication,
+/// reordering, partitions, node crashes) with checkpoints every 1–3 steps,
+/// so that the plans' crashes take the core's node down too. 100 seeds
+/// pass; seeds 143, 158, 225 (a satellite ends in training) and 288 (the
+/// run stalls at 2 of 4 steps) do not yet, so the CI swarm leaves the
+/// core's node out.
+#[test]
+fn the_swarm_with_core_crashes_meets_every_invariant() {
+    let mut core_crashes = 0;
+    for seed in 0..100 {
+        let mut cfg = swarm_config(seed);
+        cfg.sched.checkpoint_every = Some(1 + seed % 3);
+        let plan = FaultPlan::within(seed, HORIZON);
+        core_crashes += node_crashes(&cfg, &plan)
+            .iter()
+            .filter(|(_, _, node)| *node == CORE_NODE)
+            .count();
+        let outcome = run_swarm(&cfg, plan).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        if let Some(e) = outcome.error {
+            panic!("seed {seed}: {:?}", e.failure);
+        }
+    }
+    println!("{core_crashes} crashes of the core's node in 100 seeds");
+    assert!(core_crashes > 20, "{core_crashes} core crashes");
 }

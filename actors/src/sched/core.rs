@@ -511,12 +511,13 @@ impl Actor for Core {
 
     fn on_msg(&mut self, from: ActorId, msg: CoreMsg, cx: &mut Cx<'_, Self>) {
         let msg = match msg {
-            m @ (CoreMsg::Activate { .. } | CoreMsg::Continue { .. } | CoreMsg::Leave) => {
-                match self.defer(m) {
-                    Ok(()) => return,
-                    Err(m) => m,
-                }
-            }
+            m @ (CoreMsg::Activate { .. }
+            | CoreMsg::Continue { .. }
+            | CoreMsg::Leave
+            | CoreMsg::Join { .. }) => match self.defer(m) {
+                Ok(()) => return,
+                Err(m) => m,
+            },
             m => m,
         };
         self.on_msg_now(from, msg, cx);

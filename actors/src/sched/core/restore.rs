@@ -24,8 +24,8 @@
 //!    nothing more of the aborted batch, and satellites sit the redone
 //!    steps out (they join at the first step after the lost one).
 //!
-//! Whatever the scheduler sends meanwhile (an activation, a burst-end
-//! decision) waits for the restore.
+//! Whatever the scheduler sends meanwhile (an activation, a satellite's
+//! join, a burst-end decision) waits for the restore.
 
 use gyre_runtime::{Cx, Nanos, Recipient};
 

@@ -180,6 +180,10 @@ impl Scheduler {
         };
         tracing::warn!(role = ?self.ledger.role(0), "the core's node lost");
         self.log.core_losses.push((cx.now(), self.burst));
+        // Serving, cell 0 is a rollout cell lost like any other.
+        if self.ledger.role(0) == Some(Role::Rollout) {
+            self.lose(EngineIx::Cell(0), cx);
+        }
         for c in 1..self.cfg.cells {
             if self.ledger.role(c).is_some_and(Role::is_training_side) {
                 self.begin_return(c, cx);
