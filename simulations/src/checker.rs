@@ -67,6 +67,9 @@ pub struct Checker {
     updates_seen: usize,
     records_seen: usize,
     memberships_seen: usize,
+    /// Records the core rolled back (a restore), already taken out of
+    /// `trained`.
+    redone_seen: usize,
     trained: BTreeSet<GroupId>,
     /// The version each rollout engine served at the last event.
     served: Vec<u64>,
@@ -90,6 +93,7 @@ impl Checker {
             updates_seen: 0,
             records_seen: 0,
             memberships_seen: 0,
+            redone_seen: 0,
             trained: BTreeSet::new(),
             served: vec![0; n_engines],
         }
@@ -208,7 +212,8 @@ impl Checker {
             .any(|(a, b)| *a == Role::ToTraining && *b == Role::Training);
         // A lost node cuts the prefix: the lost cell and those above it
         // leave training inside the burst, by design (`scheduler::loss`).
-        let cut_by_loss = s.log().losses.iter().any(|l| l.burst == s.burst());
+        let cut_by_loss = s.log().losses.iter().any(|l| l.burst == s.burst())
+            || s.log().core_losses.iter().any(|(_, b)| *b == s.burst());
         for (i, (a, b)) in prev.roles.iter().zip(&roles).enumerate() {
             if same_burst && !cut_by_loss && a.is_training_side() && !b.is_training_side() {
                 return Err(format!(
@@ -313,6 +318,24 @@ impl Checker {
         let log = core.log();
         if let Some(v) = log.violations.first() {
             return Err(format!("core: {v}"));
+        }
+        // A restore rolled the history back: what it dropped leaves the
+        // trained set (those groups are trained again), and the checks go
+        // on over the history that is left.
+        if log.redone.len() > self.redone_seen {
+            for r in &log.redone[self.redone_seen..] {
+                for g in &r.groups {
+                    if !self.trained.remove(&g.group) {
+                        return Err(format!(
+                            "group {:?} of rolled-back step {} was not trained",
+                            g.group, r.step
+                        ));
+                    }
+                }
+            }
+            self.redone_seen = log.redone.len();
+            self.updates_seen = self.updates_seen.min(log.updates.len());
+            self.records_seen = self.records_seen.min(log.records.len());
         }
         for (i, step) in log.updates.iter().enumerate().skip(self.updates_seen) {
             if *step != i as u64 {
@@ -489,8 +512,10 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
         .sum();
     // After a satellite's loss its grants were granted again (requeued):
     // a lost trainer's count went with its node, a cut survivor's stays.
-    let requeued = queue.stats().requeued;
-    let lost_nodes = !s.log().losses.is_empty();
+    // A restore grants the rolled-back steps' micro-steps again (rewound),
+    // and the lost trainer's count went with its node.
+    let requeued = queue.stats().requeued + queue.stats().rewound;
+    let lost_nodes = !s.log().losses.is_empty() || !s.log().core_losses.is_empty();
     if (!lost_nodes && computed != granted as u64) || computed > granted as u64 + requeued {
         return Err(format!(
             "trainers computed {computed} micro-steps, {granted} were granted ({requeued} again)"

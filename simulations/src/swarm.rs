@@ -67,13 +67,16 @@ pub fn swarm_config(seed: u64) -> ClusterConfig {
     cfg
 }
 
-/// The nodes a plan's crashes can take down: every cell's but the core's,
-/// and the pool's.
+/// The nodes a plan's crashes can take down: every cell's but the core's
+/// (the core's too when it restores from checkpoints: `watch_nodes` and
+/// `checkpoint_every`), and the pool's.
 pub fn crashable(cfg: &ClusterConfig) -> Vec<NodeId> {
     let plan = gyre_actors::sched::plan::ClusterPlan::for_config(&cfg.sched);
+    let s = &cfg.sched;
+    let core_restores = s.watch_nodes && s.checkpoint_every.is_some();
     plan.cells
         .iter()
-        .skip(1)
+        .skip(usize::from(!core_restores))
         .copied()
         .chain(plan.pool)
         .collect()

@@ -13,7 +13,9 @@ use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
 use gyre_runtime::sim::{Latency, LinkModel, PayloadCost, Sim, SimConfig};
 use gyre_runtime::{Addr, BlobStore, MICROS, MILLIS, MemBlobs};
 
-use crate::backends::{SimEngine, SimEvaluator, SimHarness, SimMemory, SimTrainer, SimTransfer};
+use crate::backends::{
+    CheckpointDisk, SimEngine, SimEvaluator, SimHarness, SimMemory, SimTrainer, SimTransfer,
+};
 use crate::costs::Costs;
 
 /// Everything one simulated run depends on.
@@ -93,6 +95,8 @@ impl ClusterConfig {
 #[derive(Clone)]
 pub struct SimBackends {
     cfg: ClusterConfig,
+    /// The core trainer's checkpoints, across its restarts.
+    disk: CheckpointDisk,
 }
 
 impl SimBackends {
@@ -133,10 +137,28 @@ impl SimBackends {
 
 impl SimBackends {
     fn trainer(&self, cell: u32) -> SimTrainer {
-        let trainer = SimTrainer::new(self.cfg.costs.trainer.clone(), cell);
+        let mut trainer = SimTrainer::new(self.cfg.costs.trainer.clone(), cell);
+        if cell == 0 {
+            trainer = trainer.with_disk(self.disk.clone());
+        }
         match self.cfg.mutation {
             Some(Mutation::TrainerRepeatsWork) => trainer.repeating_work(),
             _ => trainer,
+        }
+    }
+}
+
+impl SimBackends {
+    /// A cell's trainer after its node restarted: the core's holds nothing
+    /// until it restores, when the core restores it (see
+    /// `gyre_actors::sched::core`).
+    fn rebuilt_trainer(&self, cell: u32) -> SimTrainer {
+        let s = &self.cfg.sched;
+        let trainer = self.trainer(cell);
+        if cell == 0 && s.watch_nodes && s.checkpoint_every.is_some() {
+            trainer.fresh()
+        } else {
+            trainer
         }
     }
 }
@@ -192,7 +214,7 @@ impl BackendFactory for SimBackends {
         let (e, t, m) = (self.clone(), self.clone(), self.clone());
         Some(CellRemakers {
             engine: Box::new(move || e.engine(EngineIx::Cell(cell), slots)),
-            trainer: Box::new(move || t.trainer(cell)),
+            trainer: Box::new(move || t.rebuilt_trainer(cell)),
             memory: Box::new(move || SimMemory::new(m.cfg.costs.memory.clone())),
         })
     }
@@ -234,7 +256,10 @@ pub fn build(cfg: &ClusterConfig) -> Result<Cluster, ConfigError> {
     if cfg.harness_local {
         plan.harness = plan.sched;
     }
-    let mut factory = SimBackends { cfg: cfg.clone() };
+    let mut factory = SimBackends {
+        cfg: cfg.clone(),
+        disk: CheckpointDisk::default(),
+    };
     let (sched, backends) = place(&plan, &cfg.sched, &mut sim, &mut factory)?;
     Ok(Cluster {
         sim,

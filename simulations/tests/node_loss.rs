@@ -7,16 +7,16 @@
 //! update per step, every published version served), with the harness
 //! never seeing an error.
 
-use std::cell::RefCell;
-use std::rc::Rc;
-
 use gyre_actors::sched::cell::CellRole;
 use gyre_actors::sched::ids::EngineIx;
 use gyre_actors::sched::maths::Role;
 use gyre_actors::sched::{Policy, SchedConfig};
 use gyre_runtime::{MILLIS, NodeId, SECS};
-use gyre_simulations::checker::{Checker, check_end};
-use gyre_simulations::world::{Cluster, ClusterConfig, build};
+use gyre_simulations::checker::check_end;
+use gyre_simulations::world::{Cluster, ClusterConfig};
+
+mod common;
+use common::{checked, run_until};
 
 fn config(sched: SchedConfig, seed: u64) -> ClusterConfig {
     let mut cfg = ClusterConfig::new(
@@ -29,32 +29,6 @@ fn config(sched: SchedConfig, seed: u64) -> ClusterConfig {
     );
     cfg.restartable = true;
     cfg
-}
-
-fn checked(cfg: &ClusterConfig) -> Cluster {
-    let mut cluster = build(cfg).expect("a valid cluster");
-    let checker = Rc::new(RefCell::new(Checker::new(&cluster)));
-    let c = Rc::clone(&checker);
-    cluster
-        .sim
-        .set_invariant(move |view| c.borrow_mut().check(view));
-    cluster
-}
-
-/// Runs in small slices of virtual time until `ready` holds; false if the
-/// run ended first.
-fn run_until(cluster: &mut Cluster, ready: impl Fn(&Cluster) -> bool) -> bool {
-    for _ in 0..200_000 {
-        if ready(cluster) {
-            return true;
-        }
-        let t = cluster.sim.now() + 20 * MILLIS;
-        let stats = cluster.sim.run_until(t).expect("invariants hold");
-        if stats.events == 0 && cluster.sim.pending() == 0 {
-            return false;
-        }
-    }
-    false
 }
 
 fn finish(cluster: &mut Cluster) {

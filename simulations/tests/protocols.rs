@@ -20,6 +20,7 @@ use gyre_actors::sched::scheduler::SchedMsg;
 use gyre_actors::trajectory::scoring::Outcome;
 use gyre_runtime::sim::{Sim, SimConfig};
 use gyre_runtime::{ActorId, Addr, BlobId, External, Message, NodeId};
+use gyre_simulations::backends::{CheckpointDisk, SimTrainer};
 
 const TESTER: ActorId = ActorId::new(99, 1);
 
@@ -254,6 +255,124 @@ fn mstep(step: u64, seq: u32) -> MicroStep {
         tokens: 10,
         rows: BlobId(u64::from(seq) + 1),
     }
+}
+
+#[test]
+fn a_rewind_puts_every_granted_micro_step_of_the_rolled_back_steps_back() {
+    let mut sim = Sim::new(SimConfig::new(2));
+    let c0 = sim.probe::<CellMsg>(NodeId(1));
+    let packer = sim.probe::<PackerMsg>(NodeId(3));
+    let q = sim.spawn(NodeId(0), MicroQueue::new());
+    for step in [0, 1] {
+        let msteps = vec![mstep(step, 0), mstep(step, 1), mstep(step, 2)];
+        let notify = packer.into();
+        sim.inject(
+            TESTER,
+            q,
+            QueueMsg::Push {
+                step,
+                msteps,
+                notify,
+            },
+        );
+        sim.inject(TESTER, q, QueueMsg::Close { step, total: 3 });
+    }
+    let claim = |sim: &mut Sim, step: u64| {
+        let reply_to = c0.into();
+        sim.inject(
+            TESTER,
+            q,
+            QueueMsg::Claim {
+                step,
+                cell: 0,
+                reply_to,
+            },
+        );
+    };
+    let grants = |sim: &mut Sim| -> Vec<(u64, u32)> {
+        got(sim, c0)
+            .into_iter()
+            .filter_map(|m| match m {
+                CellMsg::Grant { mstep } => Some((mstep.id.step, mstep.id.seq)),
+                _ => None,
+            })
+            .collect()
+    };
+    // Step 0 trained whole, step 1 in part, when the core rolls back to 0.
+    for _ in 0..3 {
+        claim(&mut sim, 0);
+    }
+    claim(&mut sim, 1);
+    assert_eq!(grants(&mut sim), vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
+    sim.inject(TESTER, q, QueueMsg::Rewind { from: 0 });
+    for _ in 0..3 {
+        claim(&mut sim, 0);
+    }
+    for _ in 0..3 {
+        claim(&mut sim, 1);
+    }
+    // The same micro-steps again, in id order, each once.
+    assert_eq!(
+        grants(&mut sim),
+        vec![(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    );
+    let queue = sim.actor(q).unwrap();
+    assert_eq!((queue.granted(0), queue.granted(1)), (3, 3));
+    let st = queue.stats().clone();
+    assert_eq!(
+        (st.rewound, st.rewound_tokens, st.double_grants),
+        (4, 40, 0)
+    );
+}
+
+#[test]
+fn a_rebuilt_core_trainer_answers_nothing_until_it_restores_the_checkpoint() {
+    let mut sim = Sim::new(SimConfig::new(3));
+    let core = sim.probe::<TrainerEvent>(NodeId(1));
+    let disk = CheckpointDisk::default();
+    disk.write(3);
+    let costs = gyre_simulations::costs::Costs::default().trainer;
+    let t = sim.spawn(
+        NodeId(10),
+        SimTrainer::new(costs, 0).with_disk(disk.clone()).fresh(),
+    );
+    let reply_to = core.into();
+    sim.inject(TESTER, t, TrainerReq::Update { step: 3, reply_to });
+    assert!(got(&mut sim, core).is_empty(), "no state: ignored");
+    sim.inject(TESTER, t, TrainerReq::Restore { epoch: 1, reply_to });
+    assert!(matches!(
+        got(&mut sim, core)[..],
+        [TrainerEvent::Restored {
+            epoch: 1,
+            version: 3,
+            kept: false
+        }]
+    ));
+    // The update asked before the restore is done now, answered afresh.
+    sim.inject(TESTER, t, TrainerReq::Update { step: 3, reply_to });
+    sim.inject(
+        TESTER,
+        t,
+        TrainerReq::Checkpoint {
+            step: 3,
+            version: 4,
+            reply_to,
+        },
+    );
+    assert_eq!(got(&mut sim, core).len(), 2);
+    assert_eq!(disk.last(), Some(4));
+    // A process that kept its state restores nothing.
+    sim.inject(TESTER, t, TrainerReq::Restore { epoch: 2, reply_to });
+    assert!(matches!(
+        got(&mut sim, core)[..],
+        [TrainerEvent::Restored {
+            epoch: 2,
+            version: 4,
+            kept: true
+        }]
+    ));
+    let st = sim.actor(t).unwrap().stats();
+    assert_eq!((st.ignored, st.restores, st.updates), (1, 2, 1));
 }
 
 #[test]

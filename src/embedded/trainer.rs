@@ -80,6 +80,10 @@ pub enum Finished {
     Checkpointed {
         bytes: u64,
     },
+    /// The gradients were dropped; the parameters are at `version`.
+    Restored {
+        version: u64,
+    },
 }
 
 /// One optimizer update, for reports.
@@ -264,6 +268,19 @@ impl TrainerWorker {
             TrainerReq::Checkpoint { step, .. } => {
                 let step = *step;
                 cx.io(self.write_checkpoint(step), done)
+            }
+            // This process kept its state (a new process would load
+            // `core.ckpt` first: not built for the live host yet).
+            TrainerReq::Restore { .. } => {
+                let trainer = self.trainer.clone();
+                let job = Work::new("trainer.restore", move || {
+                    let mut t = lock(&trainer);
+                    t.zero_grads().map_err(|e| e.to_string())?;
+                    Ok(Finished::Restored {
+                        version: t.version(),
+                    })
+                });
+                cx.io(job, done)
             }
         }
         self.began = cx.now();
@@ -472,6 +489,16 @@ impl TrainerWorker {
                 };
                 cx.send(reply_to, TrainerEvent::Checkpointed { version, durable });
             }
+            TrainerReq::Restore { epoch, reply_to } => {
+                if let Some(Finished::Restored { version }) = ok {
+                    let event = TrainerEvent::Restored {
+                        epoch,
+                        version,
+                        kept: true,
+                    };
+                    cx.send(reply_to, event);
+                }
+            }
             TrainerReq::BuildGroups { .. } => {}
         }
     }
@@ -513,6 +540,7 @@ fn op_name(r: &TrainerReq) -> &'static str {
         TrainerReq::Update { .. } => "update",
         TrainerReq::Broadcast { .. } => "broadcast",
         TrainerReq::Checkpoint { .. } => "checkpoint",
+        TrainerReq::Restore { .. } => "restore",
     }
 }
 

@@ -18,8 +18,16 @@
 //! on stable storage. `None` (the default) writes none and keeps the
 //! schedule as it was.
 //!
+//! With `recover` on as well (node watching and checkpoints), every
+//! publication is also durable, and the core restores from the last
+//! checkpoint when its trainer's node is lost (see [`restore`]).
+//!
 //! It also keeps the record the invariants and the staleness report read:
-//! one entry per update, with the groups it trained and their versions.
+//! one entry per update of the model's history, with the groups it trained
+//! and their versions.
+
+mod restore;
+pub use restore::RestoreRecord;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,6 +54,9 @@ pub struct CoreConfig {
     pub keep_satellites: bool,
     /// S: a durable checkpoint after every S-th update (`None`: never).
     pub checkpoint_every: Option<u64>,
+    /// Restore from the last checkpoint when the trainer's node is lost
+    /// (the scheduler watches it); publications are checkpointed too.
+    pub recover: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +78,9 @@ pub enum CorePhase {
     AwaitDecision,
     /// Updated; waiting for the checkpoint of the new version to be durable.
     Checkpointing,
+    /// The trainer's node was lost: waiting for cell 0 to drop its batch,
+    /// then for the trainer to restore.
+    Restoring,
 }
 
 #[derive(Debug, Clone)]
@@ -95,6 +109,11 @@ pub struct CoreLog {
     pub failed_checkpoints: u64,
     /// Members cut from a batch by a satellite's loss: (step, cell).
     pub cut: Vec<(Step, u32)>,
+    /// Restores after the trainer's node was lost, in order.
+    pub restores: Vec<RestoreRecord>,
+    /// Records of updates lost with the trainer (rolled back): their groups
+    /// were trained again; work redone, not part of the model's history.
+    pub redone: Vec<StepRecord>,
 }
 
 #[derive(Debug)]
@@ -123,6 +142,8 @@ pub struct Core {
     earlier: BTreeMap<u32, Vec<MicroStepId>>,
     /// Trainer and transfer requests awaiting their answers.
     outbox: Outbox,
+    /// A restore under way.
+    restoring: Option<restore::Restoring>,
     log: CoreLog,
 }
 
@@ -147,6 +168,7 @@ impl Core {
             cut: BTreeSet::new(),
             earlier: BTreeMap::new(),
             outbox: Outbox::new(None),
+            restoring: None,
             log: CoreLog::default(),
         }
     }
@@ -310,7 +332,14 @@ impl Core {
         if let Some(p) = self.packer {
             cx.send(p, PackerMsg::Trained { step });
         }
-        let sealed = self.sealed.remove(&step);
+        // Recovering, a batch stays until its update is durable: a restore
+        // to an earlier version trains it again.
+        let sealed = if self.cfg.recover {
+            self.sealed.get(&step).cloned()
+        } else {
+            self.sealed.remove(&step)
+        };
+        self.resumed(cx.now());
         let (groups, micro_steps) = sealed
             .map(|s| (s.groups, s.micro_steps.len() as u32))
             .unwrap_or_default();
@@ -329,7 +358,8 @@ impl Core {
         let due = self
             .cfg
             .checkpoint_every
-            .is_some_and(|every| every > 0 && self.version % every == 0);
+            .is_some_and(|every| every > 0 && self.version % every == 0)
+            || (self.cfg.recover && self.final_of_burst(step));
         if due {
             self.phase = CorePhase::Checkpointing;
             let reply_to = cx.recipient();
@@ -354,7 +384,7 @@ impl Core {
     fn proceed(&mut self, cx: &mut Cx<'_, Self>) {
         let step = self.step;
         let last = step + 1 >= self.cfg.target_steps;
-        let final_of_burst = (step + 1) % u64::from(self.cfg.mu) == 0 || last;
+        let final_of_burst = self.final_of_burst(step);
         if final_of_burst {
             self.burst_closed = true;
             self.pending.clear();
@@ -380,6 +410,26 @@ impl Core {
         } else {
             self.after_update(cx);
         }
+    }
+
+    /// Has the trainer build the K − 1 prefix groups {0..1}, …, {0..K−1}
+    /// (once per trainer process).
+    fn build_groups(&mut self, cx: &mut Cx<'_, Self>) {
+        self.groups_built = false;
+        let prefixes: Vec<u32> = (2..=self.cfg.cells).collect();
+        let reply_to = cx.recipient();
+        self.outbox.send(
+            cx,
+            Resend::Trainer(
+                self.links.trainer,
+                TrainerReq::BuildGroups { prefixes, reply_to },
+            ),
+        );
+    }
+
+    /// `step` ends its burst: a publication follows its update.
+    fn final_of_burst(&self, step: Step) -> bool {
+        (step + 1) % u64::from(self.cfg.mu) == 0 || step + 1 >= self.cfg.target_steps
     }
 
     fn after_update(&mut self, cx: &mut Cx<'_, Self>) {
@@ -412,7 +462,7 @@ impl Core {
     /// while the batch is still being collected, every cut member's grants
     /// return to the queue for the survivors to compute. Once the batch is
     /// reducing, its gradients are already drained and only later steps
-    /// lose the members. The core's own loss (cell 0) is not handled here.
+    /// lose the members. The core's own loss (cell 0) is a restore.
     fn member_lost(
         &mut self,
         cell: u32,
@@ -420,6 +470,9 @@ impl Core {
         cx: &mut Cx<'_, Self>,
     ) {
         if cell == 0 {
+            if self.cfg.recover {
+                self.core_lost(queue, cx);
+            }
             return;
         }
         self.pending.retain(|c, _| *c < cell);
@@ -453,19 +506,26 @@ impl Actor for Core {
     }
 
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
-        // The K − 1 prefix groups {0..1}, …, {0..K−1}, built once.
-        let prefixes: Vec<u32> = (2..=self.cfg.cells).collect();
-        let reply_to = cx.recipient();
-        self.outbox.send(
-            cx,
-            Resend::Trainer(
-                self.links.trainer,
-                TrainerReq::BuildGroups { prefixes, reply_to },
-            ),
-        );
+        self.build_groups(cx);
     }
 
-    fn on_msg(&mut self, _from: ActorId, msg: CoreMsg, cx: &mut Cx<'_, Self>) {
+    fn on_msg(&mut self, from: ActorId, msg: CoreMsg, cx: &mut Cx<'_, Self>) {
+        let msg = match msg {
+            m @ (CoreMsg::Activate { .. }
+            | CoreMsg::Continue { .. }
+            | CoreMsg::Leave
+            | CoreMsg::Join { .. }) => match self.defer(m) {
+                Ok(()) => return,
+                Err(m) => m,
+            },
+            m => m,
+        };
+        self.on_msg_now(from, msg, cx);
+    }
+}
+
+impl Core {
+    fn on_msg_now(&mut self, _from: ActorId, msg: CoreMsg, cx: &mut Cx<'_, Self>) {
         match msg {
             // A backend's answer counts once (see `crate::sched::retry`).
             CoreMsg::Trainer(e) if !self.outbox.ack(&e) => {}
@@ -558,6 +618,9 @@ impl Actor for Core {
                 self.try_complete(cx);
             }
             CoreMsg::MemberLost { cell, queue } => self.member_lost(cell, queue, cx),
+            CoreMsg::Aborted { step } => self.aborted(step, cx),
+            // Cell 0's report of a batch it finished just before the abort.
+            CoreMsg::BatchDone { .. } if self.phase == CorePhase::Restoring => {}
             // A cut member's late report of the batch it was cut from.
             CoreMsg::BatchDone { step, cell, .. } if self.log.cut.contains(&(step, cell)) => {}
             CoreMsg::BatchDone {
@@ -609,6 +672,8 @@ impl Actor for Core {
                     let step = self.step;
                     if durable {
                         self.log.checkpoints.push((step, version));
+                        // Batches of durable updates are never trained again.
+                        self.sealed.retain(|s, _| *s >= version);
                     } else {
                         // Training goes on; a new core would resume from
                         // the checkpoint before this one.
@@ -618,6 +683,11 @@ impl Actor for Core {
                     self.proceed(cx);
                 }
             }
+            CoreMsg::Trainer(TrainerEvent::Restored {
+                epoch,
+                version,
+                kept,
+            }) => self.restored(epoch, version, kept, cx),
             CoreMsg::Trainer(_) => {}
             CoreMsg::Transfer(TransferEvent::Exposed { segment }) => {
                 if self.phase == CorePhase::Collecting && segment.version == self.version {

@@ -40,6 +40,11 @@ pub struct QueueStats {
     pub bad_closes: u64,
     /// Micro-steps granted again after their cell left the batch.
     pub requeued: u64,
+    /// Micro-steps put back by a rewind (the core's restore): trained
+    /// again because the update they went into was lost.
+    pub rewound: u64,
+    /// Their tokens.
+    pub rewound_tokens: u64,
 }
 
 #[derive(Debug, Default)]
@@ -176,6 +181,21 @@ impl Actor for MicroQueue {
                 self.stats.requeued += back.len() as u64;
                 // A parked claim of a cut cell ends; the others may be served.
                 self.serve(step, cx);
+            }
+            QueueMsg::Rewind { from } => {
+                for q in self.steps.range_mut(from..).map(|(_, q)| q) {
+                    let mut back: Vec<MicroStep> = std::mem::take(&mut q.by_cell)
+                        .into_values()
+                        .flatten()
+                        .collect();
+                    self.stats.rewound += back.len() as u64;
+                    self.stats.rewound_tokens += back.iter().map(|m| m.tokens).sum::<u64>();
+                    back.extend(q.unclaimed.drain(..));
+                    back.sort_by_key(|m| m.id);
+                    q.unclaimed = back.into();
+                    q.granted.clear();
+                    q.waiting.clear();
+                }
             }
         }
     }

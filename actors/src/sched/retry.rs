@@ -55,6 +55,8 @@ pub enum ReqKey {
     Serve(CallId, u32),
     Score(ExecId, u32),
     Checkpoint(Version),
+    /// The core's trainer restore of one epoch.
+    RestoreCore(u64),
 }
 
 impl ReqKey {
@@ -93,6 +95,7 @@ impl ReqKey {
             TrainerReq::Update { step, .. } => ReqKey::Update(*step),
             TrainerReq::Broadcast { step, .. } => ReqKey::Broadcast(*step),
             TrainerReq::Checkpoint { version, .. } => ReqKey::Checkpoint(*version),
+            TrainerReq::Restore { epoch, .. } => ReqKey::RestoreCore(*epoch),
         }
     }
 
@@ -204,6 +207,7 @@ impl Answer for TrainerEvent {
             TrainerEvent::Updated { step } => ReqKey::Update(*step),
             TrainerEvent::Broadcasted { step } => ReqKey::Broadcast(*step),
             TrainerEvent::Checkpointed { version, .. } => ReqKey::Checkpoint(*version),
+            TrainerEvent::Restored { epoch, .. } => ReqKey::RestoreCore(*epoch),
         }
     }
 }

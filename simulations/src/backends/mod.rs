@@ -4,6 +4,7 @@
 //! counts the protocol breaches it can see from its side.
 
 pub mod answered;
+pub mod disk;
 pub mod engine;
 pub mod evaluator;
 pub mod harness;
@@ -11,6 +12,7 @@ pub mod memory;
 pub mod trainer;
 pub mod transfer;
 
+pub use disk::CheckpointDisk;
 pub use engine::SimEngine;
 pub use evaluator::SimEvaluator;
 pub use harness::SimHarness;

@@ -7,16 +7,23 @@
 //! It also keeps the exact busy time and the time of every optimizer
 //! update, which the lab's reports read. A repeated request is ignored
 //! while queued and answered again once done (see [`super::answered`]).
+//!
+//! The core's trainer also keeps its state's version and writes its
+//! checkpoints to a [`CheckpointDisk`]. Rebuilt after its node restarts
+//! ([`SimTrainer::fresh`]) it holds no state: it ignores every request
+//! until a `Restore` has it load the last durable checkpoint. A restore
+//! also forgets every answer given before it.
 
 use std::collections::VecDeque;
 
 use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use gyre_runtime::{Actor, ActorId, Cx, Nanos};
 
-use gyre_actors::sched::ids::Step;
+use gyre_actors::sched::ids::{Step, Version};
 use gyre_actors::sched::retry::ReqKey;
 
 use super::answered::Answered;
+use super::disk::CheckpointDisk;
 
 use crate::costs::TrainerCosts;
 
@@ -29,6 +36,9 @@ pub struct TrainerStats {
     pub updates: u64,
     /// Durable checkpoints written.
     pub checkpoints: u64,
+    /// Restores answered, and requests ignored for want of a state.
+    pub restores: u64,
+    pub ignored: u64,
     /// Time spent on operations.
     pub busy: Nanos,
 }
@@ -45,6 +55,8 @@ pub enum TrainerOp {
     Broadcast,
     /// Writing a durable checkpoint (the core, every S steps).
     Checkpoint,
+    /// Loading the last checkpoint (or nothing, if the state was kept).
+    Restore,
 }
 
 #[derive(Debug)]
@@ -60,6 +72,11 @@ pub struct SimTrainer {
     answered: Answered<TrainerEvent>,
     /// The mutation check: repeated requests are done again.
     repeat_work: bool,
+    /// Where the core's trainer writes its checkpoints.
+    disk: Option<CheckpointDisk>,
+    /// The version of the weights and optimizer state held; `None` for a
+    /// rebuilt process that has not restored yet.
+    state: Option<Version>,
 }
 
 impl SimTrainer {
@@ -80,7 +97,26 @@ impl SimTrainer {
             updated_at: Vec::new(),
             answered: Answered::default(),
             repeat_work: false,
+            disk: None,
+            state: Some(0),
         }
+    }
+
+    /// The core's trainer: its checkpoints go to `disk`.
+    pub fn with_disk(mut self, disk: CheckpointDisk) -> Self {
+        self.disk = Some(disk);
+        self
+    }
+
+    /// A rebuilt process: no state until restored.
+    pub fn fresh(mut self) -> Self {
+        self.state = None;
+        self
+    }
+
+    /// The version of the state held (`None`: not restored yet).
+    pub fn state(&self) -> Option<Version> {
+        self.state
     }
 
     /// Breaks the idempotency guard on purpose (the swarm's mutation check,
@@ -114,6 +150,7 @@ impl SimTrainer {
             TrainerReq::Update { .. } => TrainerOp::Update,
             TrainerReq::Broadcast { .. } => TrainerOp::Broadcast,
             TrainerReq::Checkpoint { .. } => TrainerOp::Checkpoint,
+            TrainerReq::Restore { .. } => TrainerOp::Restore,
         })
     }
 
@@ -152,6 +189,9 @@ impl SimTrainer {
                 c.broadcast + self.link_time(to_send as f64) as Nanos
             }
             TrainerReq::Checkpoint { .. } => c.checkpoint,
+            // Reading the checkpoint back costs what writing it did.
+            TrainerReq::Restore { .. } if self.state.is_none() => c.checkpoint,
+            TrainerReq::Restore { .. } => 0,
         };
         (base as f64 * self.slowdown) as Nanos
     }
@@ -179,7 +219,8 @@ fn reply_to(req: &TrainerReq) -> gyre_runtime::ActorId {
         | TrainerReq::Reduce { reply_to, .. }
         | TrainerReq::Update { reply_to, .. }
         | TrainerReq::Broadcast { reply_to, .. }
-        | TrainerReq::Checkpoint { reply_to, .. } => reply_to.id(),
+        | TrainerReq::Checkpoint { reply_to, .. }
+        | TrainerReq::Restore { reply_to, .. } => reply_to.id(),
     }
 }
 
@@ -202,6 +243,10 @@ impl Actor for SimTrainer {
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerReq, cx: &mut Cx<'_, Self>) {
         let key = (ReqKey::of_trainer(&msg), reply_to(&msg));
+        if self.state.is_none() && !matches!(msg, TrainerReq::Restore { .. }) {
+            self.stats.ignored += 1;
+            return;
+        }
         if self.repeat_work {
             self.queue.push_back(msg);
             return self.next(cx);
@@ -270,6 +315,7 @@ impl Actor for SimTrainer {
             }
             TrainerReq::Update { step, reply_to } => {
                 self.stats.updates += 1;
+                self.state = self.state.map(|v| v + 1);
                 self.updated_at.push((step, now));
                 self.reply(key, reply_to, TrainerEvent::Updated { step }, cx);
             }
@@ -280,6 +326,9 @@ impl Actor for SimTrainer {
                 version, reply_to, ..
             } => {
                 self.stats.checkpoints += 1;
+                if let Some(disk) = &self.disk {
+                    disk.write(version);
+                }
                 self.reply(
                     key,
                     reply_to,
@@ -289,6 +338,23 @@ impl Actor for SimTrainer {
                     },
                     cx,
                 );
+            }
+            TrainerReq::Restore { epoch, reply_to } => {
+                self.stats.restores += 1;
+                let kept = self.state.is_some();
+                let version = match self.state {
+                    Some(v) => v,
+                    None => self.disk.as_ref().and_then(|d| d.last()).unwrap_or(0),
+                };
+                self.state = Some(version);
+                // Answers given before belong to the state before.
+                self.answered = Answered::default();
+                let event = TrainerEvent::Restored {
+                    epoch,
+                    version,
+                    kept,
+                };
+                self.reply(key, reply_to, event, cx);
             }
         }
         self.next(cx);

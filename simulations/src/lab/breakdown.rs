@@ -352,7 +352,8 @@ impl Breakdown {
                                 TrainerOp::Reduce
                                 | TrainerOp::Update
                                 | TrainerOp::Broadcast
-                                | TrainerOp::Checkpoint,
+                                | TrainerOp::Checkpoint
+                                | TrainerOp::Restore,
                             ) => Phase::Optimizer,
                             None if publishing => Phase::Publication,
                             None => Phase::TrainingIdle,

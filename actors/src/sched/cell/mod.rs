@@ -142,6 +142,9 @@ pub struct Cell {
     /// The batch abandoned when the node was lost: the queue may still
     /// answer its claims after the rejoin.
     abandoned: Option<Step>,
+    /// The batch the core aborted (its trainer's node was lost): grants and
+    /// stream ends of it still in flight are ignored until the next batch.
+    aborted: Option<Step>,
     /// The switch id of the latest rejoin: hand-over steps of an earlier
     /// switch belong to an abandoned phase.
     rejoined_as: Option<SwitchId>,
@@ -170,6 +173,7 @@ impl Cell {
             outbox: Outbox::new(None),
             rejoining: false,
             abandoned: None,
+            aborted: None,
             rejoined_as: None,
             stats: CellStats::default(),
         }
@@ -295,6 +299,13 @@ impl Actor for Cell {
             CellMsg::StreamEnd { step } if self.abandoned >= Some(step) => {
                 self.stats.stale_after_loss += 1;
             }
+            CellMsg::Grant { mstep } if self.aborted >= Some(mstep.id.step) => {
+                self.stats.stale_after_loss += 1;
+            }
+            CellMsg::StreamEnd { step } if self.aborted >= Some(step) => {
+                self.stats.stale_after_loss += 1;
+            }
+            CellMsg::Abort { step } => self.on_abort(step, cx),
             CellMsg::Grant { mstep } => self.on_grant(mstep, cx),
             CellMsg::StreamEnd { step } => self.on_stream_end(step, cx),
             CellMsg::Lost { switch, version } => self.on_lost(switch, version, cx),

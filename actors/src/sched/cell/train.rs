@@ -12,7 +12,7 @@ use crate::sched::ids::{MicroStepId, Step, SwitchId, Version};
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{ReadTag, Segment, TransferReq};
 use crate::sched::queue::{MicroStep, QueueMsg};
-use crate::sched::retry::Resend;
+use crate::sched::retry::{ReqKey, Resend};
 use crate::sched::scheduler::SchedMsg;
 
 /// Progress through one batch.
@@ -36,6 +36,7 @@ impl Cell {
         let Phase::Ready { joining } = self.phase else {
             return self.unexpected("batch");
         };
+        self.aborted = None;
         match snapshot {
             Some(seg) => {
                 self.phase = Phase::Syncing { step, joining };
@@ -179,6 +180,27 @@ impl Cell {
             }
             _ => self.unexpected("trainer event"),
         }
+    }
+
+    /// The core lost its trainer: the batch of `step`, if this cell is
+    /// training it, is dropped without a report (what it computed went into
+    /// the lost trainer's gradients), its outstanding trainer requests are
+    /// forgotten, and the core hears that nothing more of it will be sent.
+    pub(super) fn on_abort(&mut self, step: Step, cx: &mut Cx<'_, Self>) {
+        if self.training_step() == Some(step) {
+            for key in self.outbox.pending() {
+                if matches!(
+                    key,
+                    ReqKey::Warmup(_) | ReqKey::FwdBwd(_) | ReqKey::Drain(_)
+                ) {
+                    self.outbox.forget(&key);
+                }
+            }
+            self.stats.losses += 1;
+            self.aborted = Some(step);
+            self.phase = Phase::Ready { joining: None };
+        }
+        cx.send(self.links.core, CoreMsg::Aborted { step });
     }
 
     fn finish_batch(&mut self, cx: &mut Cx<'_, Self>) {

@@ -74,6 +74,12 @@ pub enum CellMsg {
         switch: SwitchId,
         version: Version,
     },
+    /// From the core, whose trainer's node went down: the batch of `step`
+    /// is void (its gradients were accumulated there). Forget it, answer
+    /// `CoreMsg::Aborted`, and wait for the next batch.
+    Abort {
+        step: Step,
+    },
 }
 
 macro_rules! from_event {

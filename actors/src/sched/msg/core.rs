@@ -73,6 +73,11 @@ pub enum CoreMsg {
         cell: u32,
         queue: Recipient<crate::sched::msg::queue::QueueMsg>,
     },
+    /// From cell 0: it dropped its share of `step`'s batch (the answer to
+    /// `CellMsg::Abort`); it sends its trainer nothing more of it.
+    Aborted {
+        step: Step,
+    },
 }
 
 impl From<TrainerEvent> for CoreMsg {

@@ -38,4 +38,10 @@ pub enum QueueMsg {
     /// back to the queue, their gradients being gone or unusable, and
     /// they are granted nothing more of `step`.
     Requeue { step: Step, cells: Vec<u32> },
+    /// From the core, restored to version `from` after its trainer's loss:
+    /// the steps from `from` on are trained again, so every micro-step
+    /// granted of them goes back to the queue (claims parked for them
+    /// belong to batches that were abandoned and are dropped). Cells cut
+    /// from a step stay cut.
+    Rewind { from: Step },
 }

@@ -58,6 +58,15 @@ pub enum TrainerReq {
         version: Version,
         reply_to: Recipient<TrainerEvent>,
     },
+    /// From the core, after its trainer's node went down: drop any
+    /// accumulated gradient and answers given before, and be at the latest
+    /// consistent state: the one kept if this process survived (a
+    /// partition), else the last durable checkpoint (the initial
+    /// parameters if there is none). `epoch` numbers the core's restores.
+    Restore {
+        epoch: u64,
+        reply_to: Recipient<TrainerEvent>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,5 +98,12 @@ pub enum TrainerEvent {
     Checkpointed {
         version: Version,
         durable: bool,
+    },
+    /// The trainer holds `version` (weights and optimizer state) and no
+    /// gradient: the state it `kept`, or the checkpoint it loaded.
+    Restored {
+        epoch: u64,
+        version: Version,
+        kept: bool,
     },
 }

@@ -17,6 +17,12 @@
 //!   cut survivors above it go back to rollout;
 //! - the cell rejoins by returning to rollout (see `cell::lost`); its
 //!   `Returned` under the rejoin's switch puts its slots back.
+//!
+//! With checkpoints on as well (`SchedConfig::checkpoint_every`), cell 0's
+//! nodes are watched too: their loss is the core's (its trainer holds the
+//! weights and optimizer state). The satellites on the training side go
+//! back to rollout (their weights and gradients belong to a history the
+//! core may roll back) and the core restores (see `core::restore`).
 
 use gyre_runtime::{Cx, NodeId};
 
@@ -48,12 +54,31 @@ impl Scheduler {
         out
     }
 
+    /// Cell 0's nodes, when the core restores from checkpoints after losing
+    /// them (empty otherwise).
+    fn core_nodes(&self) -> Vec<NodeId> {
+        if !self.cfg.watch_nodes || self.cfg.checkpoint_every.is_none() {
+            return Vec::new();
+        }
+        let b = &self.backends;
+        let mut nodes = vec![
+            b.engines[0].id().node,
+            b.trainers[0].id().node,
+            b.memories[0].id().node,
+        ];
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
     pub(super) fn watch_backends(&mut self, cx: &mut Cx<'_, Self>) {
         if !self.cfg.watch_nodes {
             return;
         }
         let sched = cx.me().id().node;
         let mut nodes: Vec<NodeId> = self.watched().into_iter().map(|(n, _)| n).collect();
+        nodes.extend(self.core_nodes());
+        nodes.sort();
         nodes.dedup();
         for n in nodes.into_iter().filter(|n| *n != sched) {
             cx.watch_node(n);
@@ -72,6 +97,9 @@ impl Scheduler {
             .collect();
         for engine in lost {
             self.lose(engine, cx);
+        }
+        if self.core_nodes().contains(&node) {
+            self.core_lost(cx);
         }
         self.launch(cx);
         self.try_transition(cx);
@@ -142,6 +170,32 @@ impl Scheduler {
         if had_group {
             self.activate_group(cx);
         }
+    }
+
+    /// The core's node is down: the satellites return to rollout and the
+    /// core restores its trainer.
+    fn core_lost(&mut self, cx: &mut Cx<'_, Self>) {
+        let Some(peers) = self.peers.clone() else {
+            return;
+        };
+        tracing::warn!(role = ?self.ledger.role(0), "the core's node lost");
+        self.log.core_losses.push((cx.now(), self.burst));
+        // Serving, cell 0 is a rollout cell lost like any other.
+        if self.ledger.role(0) == Some(Role::Rollout) {
+            self.lose(EngineIx::Cell(0), cx);
+        }
+        for c in 1..self.cfg.cells {
+            if self.ledger.role(c).is_some_and(Role::is_training_side) {
+                self.begin_return(c, cx);
+            }
+        }
+        cx.send(
+            peers.core,
+            CoreMsg::MemberLost {
+                cell: 0,
+                queue: peers.queue.into(),
+            },
+        );
     }
 
     /// A lost cell (`Some`) or the pool (`None`) reports its rejoin.

@@ -155,6 +155,9 @@ pub struct SchedLog {
     pub surplus_withdrawn: u64,
     /// Nodes lost (with `SchedConfig::watch_nodes`).
     pub losses: Vec<LossRecord>,
+    /// The core's node lost (checkpoints on as well): when, and in which
+    /// burst (publications before it); the satellites left training then.
+    pub core_losses: Vec<(Nanos, u64)>,
 }
 
 #[derive(Debug)]
@@ -360,6 +363,7 @@ impl Scheduler {
                     streaming: cfg.streaming,
                     keep_satellites: matches!(cfg.policy, Policy::Async { .. }),
                     checkpoint_every: cfg.checkpoint_every,
+                    recover: cfg.watch_nodes && cfg.checkpoint_every.is_some(),
                 },
                 CoreLinks {
                     sched: me,
