@@ -120,6 +120,36 @@ fn the_live_host_trains_through_spawned_servers_publishing_by_disk() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Without `--publish-dir` the versions go to a directory of the run's
+/// own under the temp dir, removed when the run ends.
+#[test]
+fn a_publication_directory_the_run_chose_is_removed_after_it() {
+    let tmp = std::env::temp_dir().join(format!("gyre-publish-owned-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["train", "--tiny", "--steps", "2", "--engines", "serve"])
+        .args(["--publish", "disk", "--json"])
+        .env("TMPDIR", &tmp)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = json(&out);
+    assert_eq!(r["steps"], 2, "{r}");
+    let left: Vec<String> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("gyre-publish"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn publication_flags_without_sglang_engines_are_refused_by_name() {
     let out = common::gyre(&["train", "--tiny", "--publish", "disk"]);

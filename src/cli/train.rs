@@ -316,7 +316,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             None
         };
         let urls = fleet.as_ref().map_or(&args.engine_urls, |f| &f.urls);
-        let opts = serve_options(&args, &cfg);
+        let (opts, _publish_dir) = serve_options(&args, &cfg);
         if args.host == HostKind::Live {
             let report = run_live_serve(&cfg, urls, &opts, LIVE_STALL, &mut progress)
                 .context("live training with SGLang engines")?;
@@ -348,14 +348,33 @@ pub fn run(args: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// A publication directory the run chose itself (no `--publish-dir`):
+/// nobody else reads its versions, so it goes when the run ends, also on
+/// an error. One the user named is theirs and stays.
+struct OwnedPublishDir(Option<PathBuf>);
+
+impl Drop for OwnedPublishDir {
+    fn drop(&mut self) {
+        if let Some(d) = &self.0
+            && let Err(error) = std::fs::remove_dir_all(d)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %d.display(), %error, "publication directory not removed");
+        }
+    }
+}
+
 /// The SGLang engines' publication mode and same-engine retries.
-fn serve_options(args: &TrainArgs, cfg: &EmbeddedConfig) -> ServeOptions {
+fn serve_options(args: &TrainArgs, cfg: &EmbeddedConfig) -> (ServeOptions, OwnedPublishDir) {
     use crate::backends::sglang::adapter::{DiskPublish, Publish};
+    let mut owned = OwnedPublishDir(None);
     let publish = match args.publish {
         PublishKind::Tensor => Publish::Tensor,
         PublishKind::Disk => Publish::Disk(DiskPublish {
             dir: args.publish_dir.clone().unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("gyre-publish-{}", std::process::id()))
+                let d = std::env::temp_dir().join(format!("gyre-publish-{}", std::process::id()));
+                owned.0 = Some(d.clone());
+                d
             }),
             model: cfg.model.clone(),
         }),
@@ -366,7 +385,7 @@ fn serve_options(args: &TrainArgs, cfg: &EmbeddedConfig) -> ServeOptions {
         retries: args.reject_retries,
         backoff: 50 * gyre_runtime::MILLIS,
     };
-    opts
+    (opts, owned)
 }
 
 #[cfg(feature = "actix")]
