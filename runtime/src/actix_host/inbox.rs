@@ -46,28 +46,28 @@ const SPINS_BEFORE_YIELD: u32 = 64;
 pub(super) struct Inbox {
     state: AtomicU8,
     /// Guarded by `LOCKED`.
-    locked: UnsafeCell<Locked>,
-}
-
-#[derive(Default)]
-struct Locked {
-    queue: VecDeque<Letter>,
+    queue: UnsafeCell<VecDeque<Letter>>,
     /// The actor's task, kept across wake-ups so that parking again does not
-    /// clone it. Written only by [`Receiver::poll_letter`], under the lock.
-    waker: Option<Waker>,
+    /// clone it. Written only by [`Receiver::poll_letter`], under the lock;
+    /// read by senders under the lock and by the receiver without it (a
+    /// cell of its own, so those shared reads never alias a `&mut` to the
+    /// queue a sender holds).
+    waker: UnsafeCell<Option<Waker>>,
 }
 
-// SAFETY: `locked` is only touched while holding the `LOCKED` bit of `state`
+// SAFETY: `queue` is only touched while holding the `LOCKED` bit of `state`
 // (taken with an acquiring compare-and-swap, released with a releasing
-// store), except that the receiver reads the waker it alone writes; its
-// contents (letters, a waker) are `Send`.
+// store); `waker` is written only under it, by the receiver, which alone
+// also reads it outside the lock, so no write races a read. Letters and
+// wakers are `Send`.
 unsafe impl Sync for Inbox {}
 
 impl Default for Inbox {
     fn default() -> Self {
         Self {
             state: AtomicU8::new(0),
-            locked: UnsafeCell::new(Locked::default()),
+            queue: UnsafeCell::new(VecDeque::new()),
+            waker: UnsafeCell::new(None),
         }
     }
 }
@@ -82,9 +82,14 @@ struct Guard<'a> {
 }
 
 impl Guard<'_> {
-    fn locked(&mut self) -> &mut Locked {
+    fn queue(&mut self) -> &mut VecDeque<Letter> {
         // SAFETY: this guard holds `LOCKED`, so no one else touches it.
-        unsafe { &mut *self.inbox.locked.get() }
+        unsafe { &mut *self.inbox.queue.get() }
+    }
+
+    fn waker(&self) -> Option<&Waker> {
+        // SAFETY: writes happen only under the lock, which this guard holds.
+        unsafe { (*self.inbox.waker.get()).as_ref() }
     }
 
     /// Releases the lock, leaving `flags` set.
@@ -145,10 +150,9 @@ impl Inbox {
             return false;
         };
         let parked = guard.was & PARKED != 0;
-        let locked = guard.locked();
-        locked.queue.push_back(letter);
+        guard.queue().push_back(letter);
         if parked {
-            if let Some(waker) = &locked.waker {
+            if let Some(waker) = guard.waker() {
                 // Tokio only schedules the task here; it runs later, so
                 // waking under the lock cannot re-enter it.
                 waker.wake_by_ref();
@@ -163,7 +167,7 @@ impl Inbox {
         let Some(mut guard) = self.lock() else {
             return;
         };
-        let queued = std::mem::take(&mut guard.locked().queue);
+        let queued = std::mem::take(guard.queue());
         guard.unlock(CLOSED);
         drop(queued);
     }
@@ -196,11 +200,8 @@ impl Receiver {
         // SAFETY: only this receiver's `poll_letter` writes the waker, so reading
         // it here cannot race with a write; senders and `close` never write
         // it, and the queue beside it is not touched.
-        let locked = unsafe { &*self.inbox.locked.get() };
-        locked
-            .waker
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
+        let waker = unsafe { &*self.inbox.waker.get() };
+        waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
     }
 
     /// The next letter, or pending (and the task woken on the next push).
@@ -218,15 +219,11 @@ impl Receiver {
         let Some(mut guard) = this.inbox.lock() else {
             return Poll::Pending;
         };
-        let locked = guard.locked();
-        if !locked
-            .waker
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            locked.waker = Some(cx.waker().clone());
+        if !this.waker_current(cx) {
+            // SAFETY: under the lock, and only this receiver writes it.
+            unsafe { *this.inbox.waker.get() = Some(cx.waker().clone()) };
         }
-        std::mem::swap(&mut locked.queue, &mut this.batch);
+        std::mem::swap(guard.queue(), &mut this.batch);
         guard.unlock(PARKED);
         match this.batch.pop_front() {
             Some(letter) => Poll::Ready(letter),
