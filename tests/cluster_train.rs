@@ -3,8 +3,9 @@
 //! trains (the policy version advances with every update, each update
 //! trained targets) and reports what the one-process live run reports,
 //! plus its processes and the payload bytes that crossed between them; no
-//! node agent outlives the head. A node agent killed mid-run is detected
-//! and the run fails naming it, its roles and how it ended.
+//! node agent outlives the head. A rollout cell's, the pool's or a
+//! satellite's agent killed mid-run costs capacity, not the run, which
+//! reports the loss; the core's fails the run naming it and how it ended.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -138,10 +139,11 @@ fn field(line: &str, key: &str) -> Option<String> {
     Some(line[at..].split_whitespace().next()?.to_string())
 }
 
-/// A head training `steps` steps whose log lines arrive on the receiver,
-/// ANSI stripped.
+/// A head training `steps` steps (with `extra` arguments) whose log lines
+/// arrive on the receiver, ANSI stripped; its stdout is piped.
 fn head_with_log(
     steps: &str,
+    extra: &[&str],
 ) -> (
     std::process::Child,
     mpsc::Receiver<String>,
@@ -149,8 +151,9 @@ fn head_with_log(
 ) {
     let mut head = Command::new(env!("CARGO_BIN_EXE_gyre"))
         .args(["train", "--tiny", "--steps", steps, "--cluster", "local"])
+        .args(extra)
         .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("gyre runs");
@@ -168,7 +171,7 @@ fn head_with_log(
 
 #[test]
 fn a_node_agent_without_the_cluster_secret_is_refused() {
-    let (mut head, rx, reader) = head_with_log("10");
+    let (mut head, rx, reader) = head_with_log("10", &[]);
     let deadline = Instant::now() + Duration::from_secs(120);
     let addr = loop {
         let line = rx
@@ -210,14 +213,26 @@ fn a_node_agent_without_the_cluster_secret_is_refused() {
     );
 }
 
-#[test]
-fn a_killed_node_agent_is_detected_and_reported_by_name() {
-    let (mut head, rx, reader) = head_with_log("40");
+/// Starts a run, waits until it has published `after` updates with every
+/// node agent started, and kill -9s node `victim`'s agent. Returns the
+/// head, its log so far, the reader and the agents' pids by node.
+fn kill_mid_run(
+    steps: &str,
+    victim: &str,
+    after: usize,
+) -> (
+    std::process::Child,
+    mpsc::Receiver<String>,
+    std::thread::JoinHandle<()>,
+    Vec<String>,
+    std::collections::BTreeMap<String, String>,
+) {
+    let (head, rx, reader) = head_with_log(steps, &["--json"]);
     let mut pids = std::collections::BTreeMap::new();
-    let mut trained = false;
+    let mut published = 0;
     let mut log = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !(trained && pids.len() == 3) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !(published >= after && pids.len() == 3) {
         let line = rx
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             .unwrap_or_else(|_| panic!("the run never got going:\n{}", log.join("\n")));
@@ -225,30 +240,101 @@ fn a_killed_node_agent_is_detected_and_reported_by_name() {
             let node = field(&line, "node").unwrap();
             pids.insert(node, field(&line, "pid").unwrap());
         }
-        trained |= line.contains("update published");
+        published += usize::from(line.contains("update published"));
         log.push(line);
     }
-    let victim = &pids["11"];
-    let killed = Command::new("kill").args(["-9", victim]).status().unwrap();
+    let killed = Command::new("kill")
+        .args(["-9", &pids[victim]])
+        .status()
+        .unwrap();
     assert!(killed.success());
+    (head, rx, reader, log, pids)
+}
 
-    let status = loop {
-        if let Some(s) = head.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the head did not notice the loss"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+fn finish(
+    mut head: std::process::Child,
+    rx: &mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+    mut log: Vec<String>,
+) -> (std::process::ExitStatus, String, Vec<u8>) {
+    let mut stdout = Vec::new();
+    if let Some(mut out) = head.stdout.take() {
+        std::io::Read::read_to_end(&mut out, &mut stdout).unwrap();
+    }
+    let status = head.wait().unwrap();
     reader.join().unwrap();
     log.extend(rx.try_iter());
-    let text = log.join("\n");
-    assert!(!status.success(), "a lost node fails the run");
+    (status, log.join("\n"), stdout)
+}
+
+#[test]
+fn a_killed_rollout_node_costs_capacity_and_the_run_finishes() {
+    // The pool's agent (node 5) serves rollouts only: its loss moves its
+    // executions' calls to the cells and the run trains every step.
+    let (head, rx, reader, log, pids) = kill_mid_run("12", "5", 2);
+    let (status, text, stdout) = finish(head, &rx, reader, log);
     assert!(
-        text.contains("node 11 (cell 1) failed: its process exited (signal: 9 (SIGKILL))")
-            || text.contains("node 11 (cell 1) failed: its link to the head went down"),
+        status.success(),
+        "the run survives the pool's loss:\n{text}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&stdout).expect("a JSON report");
+    assert_eq!(report["steps"], 12, "every step trained");
+    let versions: Vec<u64> = report["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        versions,
+        (1..=12).collect::<Vec<u64>>(),
+        "one update per step"
+    );
+    let losses = report["node_losses"].as_array().expect("node_losses");
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert_eq!(losses[0]["node"], 5);
+    assert_eq!(losses[0]["roles"][0], "pool");
+    assert!(losses[0]["after_steps"].as_u64().unwrap() >= 2);
+    assert!(
+        text.contains("node lost"),
+        "the scheduler took the node out of the ledger:\n{text}"
+    );
+    for pid in pids.values() {
+        assert!(
+            gone(pid.parse().unwrap()),
+            "node agent {pid} outlived the head"
+        );
+    }
+}
+
+#[test]
+fn a_killed_cell_node_mid_run_is_survived_whatever_its_role() {
+    // Cell 1 is in rollout or training (a satellite) when it dies: either
+    // way the run trains every step on what is left.
+    let (head, rx, reader, log, pids) = kill_mid_run("12", "11", 3);
+    let (status, text, stdout) = finish(head, &rx, reader, log);
+    assert!(status.success(), "the run survives cell 1's loss:\n{text}");
+    let report: serde_json::Value = serde_json::from_slice(&stdout).expect("a JSON report");
+    assert_eq!(report["steps"], 12, "every step trained");
+    let losses = report["node_losses"].as_array().expect("node_losses");
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert_eq!(losses[0]["node"], 11);
+    for pid in pids.values() {
+        assert!(
+            gone(pid.parse().unwrap()),
+            "node agent {pid} outlived the head"
+        );
+    }
+}
+
+#[test]
+fn a_killed_core_node_fails_the_run_naming_it() {
+    let (head, rx, reader, log, pids) = kill_mid_run("40", "10", 1);
+    let (status, text, _) = finish(head, &rx, reader, log);
+    assert!(!status.success(), "the core's loss fails the run");
+    assert!(
+        text.contains("node 10 (cell 0) failed: its process exited (signal: 9 (SIGKILL))")
+            || text.contains("node 10 (cell 0) failed: its link to the head went down"),
         "the failure names the node and how it ended:\n{text}"
     );
     for pid in pids.values() {

@@ -224,7 +224,6 @@ fn run(delivery: Delivery) -> Outcome {
                     assert_eq!(x.input_ids[s..e], y.input_ids[s..e]);
                     assert_eq!(x.coefficients[s..e], y.coefficients[s..e]);
                 }
-                assert!(store.release(mstep.rows), "the trainer frees its rows");
             }
         }
         for (r, row) in p.rows.iter().enumerate() {
@@ -232,6 +231,14 @@ fn run(delivery: Delivery) -> Outcome {
                 rows.entry(row.execution).or_default().push(row.clone());
             }
         }
+    }
+    // The rows stay readable until the step is trained (a cut member's
+    // share is read again by the survivors); then the packer frees them.
+    let live_before_trained = store.live();
+    sim.inject(TESTER, packer, PackerMsg::Trained { step: 0 });
+    sim.run().unwrap();
+    if matches!(delivery, Delivery::Handles { .. }) {
+        assert_eq!(live_before_trained, micro_steps, "rows kept until trained");
     }
     let stats = sim.actor(packer).unwrap().stats();
     Outcome {

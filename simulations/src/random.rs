@@ -68,6 +68,8 @@ pub fn small_config(seed: u64) -> ClusterConfig {
         retry: None,
         checkpoint_every: None,
         watch_nodes: false,
+        rejoin_notices: false,
+        reduce_needs_members: false,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     let costs = &mut cfg.costs;

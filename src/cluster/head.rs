@@ -7,10 +7,16 @@
 //! address), *assign* (each builds its backends over the plane and answers
 //! their ports), *run* (the scheduler, the proxy and the rest on the head;
 //! the core's updates arrive on an observer endpoint), *collect* (each
-//! node's bytes moved), *stop*. Any node that ends or loses its link before
-//! the stop fails the run at once, naming the node, its roles and how it
-//! ended: recovering from it is the scheduler's job, which it does not do
-//! for a lost process yet.
+//! node's bytes moved), *stop*. A node that ends or loses its link before
+//! the run starts fails it at once, naming the node, its roles and how it
+//! ended. Once the run is going, a node that hosts neither the core nor
+//! anything else the run cannot do without (a rollout cell, a satellite,
+//! the pool) is a defined loss: the scheduler watches its node and takes it
+//! out of the ledger (its executions' calls move, KV is recomputed, C_R
+//! drops, a batch it trained in goes back to the queue), the head records
+//! it in the report's `node_losses`, and the run goes on. The core's node
+//! still fails the run: resuming from a checkpoint on another process is
+//! not wired in the live cluster.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -114,6 +120,19 @@ pub struct ProcessReport {
     pub agent_pid: u32,
 }
 
+/// A node agent lost while the run went on.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeLoss {
+    pub node: u32,
+    pub roles: Vec<String>,
+    /// How it ended, as the launcher saw it.
+    pub how: String,
+    /// Seconds into the run.
+    pub at_secs: f64,
+    /// Updates published before the loss.
+    pub after_steps: u64,
+}
+
 /// What a cluster run did: the live host's report, plus the processes and
 /// the payload bytes that crossed between them.
 #[derive(Debug, Clone, Serialize)]
@@ -126,6 +145,8 @@ pub struct ClusterReport {
     pub processes: Vec<ProcessReport>,
     /// Bytes read by one process from another's transfer engine, by kind.
     pub bytes_moved: BytesMoved,
+    /// Node agents lost mid-run, in the order they were lost.
+    pub node_losses: Vec<NodeLoss>,
 }
 
 /// Runs `cfg` across processes as `opts` places them.
@@ -158,6 +179,12 @@ struct Head {
     specs: Vec<NodeSpec>,
     pids: BTreeMap<NodeId, u32>,
     agents: BTreeMap<NodeId, u32>,
+    /// Set once the scheduling plane runs: from then on, a node other
+    /// than the core's is a loss the run survives.
+    running: Option<Instant>,
+    /// Updates published so far.
+    steps: u64,
+    lost: Vec<NodeLoss>,
 }
 
 impl Head {
@@ -191,8 +218,57 @@ impl Head {
         }
     }
 
+    /// Whether the run survives losing `node`: it is running, and the node
+    /// hosts no part of the core (cell 0).
+    fn survives(&self, node: NodeId) -> bool {
+        self.running.is_some()
+            && self
+                .specs
+                .iter()
+                .find(|s| s.node == node)
+                .is_some_and(|s| !s.roles.contains(&Role::Cell(0)))
+    }
+
+    fn is_lost(&self, node: NodeId) -> bool {
+        self.lost.iter().any(|l| l.node == node.0)
+    }
+
+    /// Records a loss the run survives.
+    fn lose(&mut self, node: NodeId, how: String) {
+        if self.is_lost(node) {
+            return;
+        }
+        let roles = self
+            .specs
+            .iter()
+            .find(|s| s.node == node)
+            .map(|s| s.roles.iter().map(Role::to_string).collect())
+            .unwrap_or_default();
+        tracing::warn!(node = node.0, roles = %self.label(node), %how, "node agent lost; the run goes on without it");
+        self.lost.push(NodeLoss {
+            node: node.0,
+            roles,
+            how,
+            at_secs: self.running.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            after_steps: self.steps,
+        });
+    }
+
     fn failure(&mut self, event: ClusterEvent) -> Result<Option<NodeEvent>, ClusterError> {
         match event {
+            ClusterEvent::Exited {
+                node,
+                status,
+                expected: false,
+                ..
+            } if self.survives(node) => {
+                self.lose(node, format!("its process exited ({status})"));
+                Ok(None)
+            }
+            ClusterEvent::LinkDown { node, .. } if self.survives(node) => {
+                self.lose(node, "its link to the head went down".into());
+                Ok(None)
+            }
             ClusterEvent::Started { node, pid } => {
                 tracing::info!(node = node.0, pid, roles = %self.label(node), "node agent started");
                 self.pids.insert(node, pid);
@@ -266,6 +342,7 @@ async fn run_head(
     let workspaces = Arc::new(Workspaces::new());
     let transfer_secret = ClusterSecret::new(secret).map_err(PlaneError::from)?;
     let plane = Plane::start(HEAD, SocketAddr::new(opts.listen.ip(), 0), transfer_secret)?;
+    plane.serve_homing();
     let mut factory = EmbeddedBackends::new(
         cfg,
         shared_over(&plane, cfg.model.clone()),
@@ -310,6 +387,9 @@ async fn run_head(
         specs: specs.clone(),
         pids: BTreeMap::new(),
         agents: BTreeMap::new(),
+        running: None,
+        steps: 0,
+        lost: Vec::new(),
     };
     let result = drive(
         &mut head,
@@ -356,6 +436,7 @@ async fn run_head(
                 head_pid: std::process::id(),
                 processes,
                 bytes_moved,
+                node_losses: head.lost.clone(),
             })
         }
         Err(e) => Err(e),
@@ -455,7 +536,16 @@ async fn drive(
         kv_bytes_per_token: factory.kv_bytes_per_token(),
         blobs: factory.blobs(),
     };
-    live.spawn(Scheduler::new(cfg.sched_config(), ports)?);
+    let mut sched = cfg.sched_config();
+    // The scheduler takes a lost node out of the ledger; a restarted one
+    // is announced by the head, never found by resending (the embedded
+    // backends need not tolerate duplicate requests).
+    sched.watch_nodes = true;
+    sched.rejoin_notices = true;
+    // The prefix's ring fails without a lost member: collect again.
+    sched.reduce_needs_members = true;
+    live.spawn(Scheduler::new(sched, ports)?);
+    head.running = Some(Instant::now());
     tracing::info!(nodes = head.specs.len(), "cluster assembled; training");
 
     let target = cfg.sched.target_steps;
@@ -467,6 +557,7 @@ async fn drive(
                 Ok(Some((_, u))) => {
                     tracing::info!(step = u.step, version = u.version, loss = u.loss, "update published");
                     updates.push(u);
+                    head.steps = updates.len() as u64;
                     progress(updates.len() as u64, target);
                 }
                 Ok(None) | Err(_) => {
@@ -487,12 +578,17 @@ async fn drive(
 
     // Collect what moved, then stop every node agent.
     let mut moved = plane.moved();
-    for (_, commands) in joined.values() {
+    let alive: Vec<_> = joined
+        .iter()
+        .filter(|(n, _)| !head.is_lost(**n))
+        .map(|(_, (_, commands))| *commands)
+        .collect();
+    for commands in &alive {
         head.tell(*commands, NodeCmd::Report).await?;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut reported = 0;
-    while reported < head.specs.len() {
+    while reported < alive.len() {
         if let NodeEvent::Moved { bytes, .. } = head.next(deadline, "report their bytes").await? {
             moved += bytes;
             reported += 1;
@@ -501,23 +597,23 @@ async fn drive(
     head.live
         .send(head.from, head.launcher, LauncherMsg::Stopping)
         .await?;
-    for (_, commands) in joined.values() {
+    for commands in &alive {
         head.tell(*commands, NodeCmd::Stop).await?;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut exited = 0;
-    while exited < head.specs.len() && Instant::now() < deadline {
+    while exited < alive.len() && Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, head.events.recv()).await {
-            Ok(Some((_, ClusterEvent::Exited { .. }))) => exited += 1,
+            Ok(Some((_, ClusterEvent::Exited { node, .. }))) if !head.is_lost(node) => exited += 1,
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => break,
         }
     }
-    if exited < head.specs.len() {
+    if exited < alive.len() {
         tracing::warn!(
             exited,
-            nodes = head.specs.len(),
+            nodes = alive.len(),
             "some node agents did not exit when stopped"
         );
     }

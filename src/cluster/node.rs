@@ -20,7 +20,7 @@ use gyre_runtime::live::{LinkSecret, LiveConfig, LiveNode};
 use gyre_runtime::{Actor, ActorId, Addr, Cx, External, NodeId, Recipient};
 
 use super::launcher::Launcher;
-use super::plane::{Directory, Plane, PlaneError, shared_over};
+use super::plane::{Directory, HOME_WAIT, Plane, PlaneError, shared_over};
 use super::proto::{CellPorts, HEAD, NodeCmd, NodeEvent, NodePorts, Role, launcher_id};
 use crate::embedded::cluster::{BuildError, EmbeddedBackends, EmbeddedConfig};
 use crate::embedded::task::Workspaces;
@@ -188,6 +188,9 @@ async fn assign(
         .await
         .map_err(|e| format!("connecting the plane: {e}"))?
         .map_err(|e| format!("connecting the plane: {e}"))?;
+    // Records this node's engines write are kept at the head, so losing
+    // this process loses no answered call's record.
+    plane.home_blobs_at(HEAD, HOME_WAIT);
     let shared = shared_over(plane, cfg.model.clone());
     // The task's workspaces live on the head; nothing here reads them.
     let workspaces = Arc::new(Workspaces::new());

@@ -9,8 +9,11 @@
 //! engine and satellite pulls them; a cell's drained gradients live on the
 //! cell and the core reads each member's (a reduce to the core over the
 //! transfer engine); an engine's pinned KV lives on the source engine and
-//! the adopting engine reads it; a prompt lives on the head, a TITO record
-//! on the engine that wrote it. Small notifications say what exists where
+//! the adopting engine reads it; a prompt lives on the head. A TITO record
+//! is written on the engine's node and then *homed* at the head (the head
+//! pulls it and answers with a handle of its own before the write
+//! completes), so a node that dies takes no answered call's record with
+//! it. Small notifications say what exists where
 //! (a new weight version, an export's owner) and ask an owner to free what
 //! its reader consumed. Every call runs inside an I/O job, never a handler,
 //! so blocking on the network is allowed here.
@@ -24,6 +27,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use gyre_actors::sched::ids::{ExecId, Step, Version};
@@ -89,6 +93,13 @@ pub enum PlaneError {
 }
 
 const TOPIC_BLOB_RELEASE: &str = "gyre.blob.release";
+/// To the home: pull my segment `h{ticket}` (ticket, then my node id).
+const TOPIC_BLOB_HOME: &str = "gyre.blob.home";
+/// From the home: the ticket, then the blob id it registered (0: failed).
+const TOPIC_BLOB_HOMED: &str = "gyre.blob.homed";
+/// How long a node agent's put waits for its home before keeping the
+/// bytes itself.
+pub const HOME_WAIT: Duration = Duration::from_secs(10);
 const TOPIC_KV_AT: &str = "gyre.kv.at";
 const TOPIC_KV_RELEASE: &str = "gyre.kv.release";
 const TOPIC_WEIGHTS: &str = "gyre.weights.published";
@@ -120,6 +131,12 @@ pub struct Plane {
     grads_local: Mutex<BTreeSet<(Step, u32)>>,
     /// The newest weights published here (the core's), for a broadcast.
     published: Mutex<Option<(Version, Bytes)>>,
+    /// Where this process's payload writes are homed (the head), if not
+    /// here.
+    home: RwLock<Option<(NodeId, Duration)>>,
+    /// Puts waiting for their home's answer, by ticket.
+    homing: Mutex<BTreeMap<u64, std::sync::mpsc::Sender<u64>>>,
+    next_ticket: AtomicU64,
 }
 
 impl std::fmt::Debug for Plane {
@@ -141,6 +158,10 @@ fn weights_name(v: Version) -> String {
 
 fn grads_name(step: Step, cell: u32) -> String {
     format!("g{step}.{cell}")
+}
+
+fn ticket_name(ticket: u64) -> String {
+    format!("h{ticket}")
 }
 
 fn kv_name(exec: ExecId) -> String {
@@ -179,6 +200,9 @@ impl Plane {
             weight_cache: Mutex::default(),
             grads_local: Mutex::default(),
             published: Mutex::default(),
+            home: RwLock::default(),
+            homing: Mutex::default(),
+            next_ticket: AtomicU64::new(1),
         });
         plane.serve_releases();
         Ok(plane)
@@ -276,7 +300,22 @@ impl Plane {
         let peer = self.peer(node).map_err(|e| e.to_string())?;
         self.engine
             .send_notification(peer, topic, payload.into())
-            .map_err(|e: RequestError| e.to_string())
+            .map_err(|e: RequestError| {
+                if matches!(e, RequestError::PeerLost { .. }) {
+                    // A lost process hears nothing more; reads of what it
+                    // held fail as `NoPeer`.
+                    let known = self
+                        .peers
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&node)
+                        .is_some();
+                    if known {
+                        tracing::warn!(%node, error = %e, "peer lost; the plane forgets it");
+                    }
+                }
+                e.to_string()
+            })
     }
 
     fn notify_all(&self, topic: &str, payload: &[u8]) {
@@ -289,7 +328,7 @@ impl Plane {
             .collect();
         for node in peers {
             if let Err(e) = self.notify(node, topic, payload.to_vec()) {
-                tracing::warn!(%node, topic, error = %e, "notification not delivered");
+                tracing::debug!(%node, topic, error = %e, "notification not delivered");
             }
         }
     }
@@ -318,6 +357,110 @@ impl Plane {
                 .map_err(|e| tracing::error!(error = %e, "release thread did not start"))
                 .ok();
         }
+    }
+
+    /// Homes this process's payload writes at `home` (a node agent's at
+    /// the head): a put completes once `home` holds the bytes.
+    /// The home has `wait` to answer each put.
+    pub fn home_blobs_at(self: &Arc<Self>, home: NodeId, wait: Duration) {
+        if home == self.me {
+            return;
+        }
+        *self.home.write().unwrap_or_else(|p| p.into_inner()) = Some((home, wait));
+        let rx = self.engine.subscribe(TOPIC_BLOB_HOMED);
+        let plane = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("plane-homed".into())
+            .spawn(move || {
+                while let Ok(note) = rx.recv() {
+                    let Some(plane) = plane.upgrade() else { break };
+                    let (Some(ticket), Some(id)) = (
+                        u64_of(&note.payload),
+                        note.payload.get(8..).and_then(u64_of),
+                    ) else {
+                        continue;
+                    };
+                    if let Some(tx) = lock(&plane.homing).remove(&ticket) {
+                        let _ = tx.send(id);
+                    }
+                }
+            })
+            .map_err(|e| tracing::error!(error = %e, "homing thread did not start"))
+            .ok();
+    }
+
+    /// Takes in the payload writes other processes home here: pulls each,
+    /// registers it as a blob of this process and answers its handle.
+    pub fn serve_homing(self: &Arc<Self>) {
+        let rx = self.engine.subscribe(TOPIC_BLOB_HOME);
+        let plane = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("plane-home".into())
+            .spawn(move || {
+                while let Ok(note) = rx.recv() {
+                    let Some(plane) = plane.upgrade() else { break };
+                    let (Some(ticket), Some(node)) = (
+                        u64_of(&note.payload),
+                        note.payload
+                            .get(8..12)
+                            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                            .map(|b| NodeId(u32::from_le_bytes(b))),
+                    ) else {
+                        tracing::warn!(from = %note.from, "malformed homing request ignored");
+                        continue;
+                    };
+                    let id = match plane.read(node, &ticket_name(ticket), &plane.moved.rows) {
+                        Ok(bytes) => plane.put_local(bytes),
+                        Err(e) => {
+                            tracing::warn!(%node, ticket, error = %e, "a homed payload could not be read");
+                            0
+                        }
+                    };
+                    let mut answer = ticket.to_le_bytes().to_vec();
+                    answer.extend_from_slice(&id.to_le_bytes());
+                    if let Err(e) = plane.notify(node, TOPIC_BLOB_HOMED, answer) {
+                        tracing::warn!(%node, ticket, error = %e, "homing answer not delivered");
+                    }
+                }
+            })
+            .map_err(|e| tracing::error!(error = %e, "home thread did not start"))
+            .ok();
+    }
+
+    /// Registers `bytes` as a blob of this process.
+    fn put_local(&self, bytes: Bytes) -> u64 {
+        let id = (u64::from(self.me.0) << BLOB_OWNER_SHIFT)
+            | self.next_blob.fetch_add(1, Ordering::Relaxed);
+        let len = bytes.len() as u64;
+        if self.register(&blob_name(id), bytes) {
+            lock(&self.blobs).insert(id, len);
+        }
+        id
+    }
+
+    /// Puts `bytes` at `home`: registers them under a ticket, asks the home
+    /// to pull them, and waits for its handle. `None` when the home did
+    /// not answer in time (the caller keeps the bytes itself).
+    fn put_home(&self, (home, wait): (NodeId, Duration), bytes: &Bytes) -> Option<u64> {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let name = ticket_name(ticket);
+        if !self.register(&name, bytes.clone()) {
+            return None;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        lock(&self.homing).insert(ticket, tx);
+        let mut ask = ticket.to_le_bytes().to_vec();
+        ask.extend_from_slice(&self.me.0.to_le_bytes());
+        let id = match self.notify(home, TOPIC_BLOB_HOME, ask) {
+            Ok(()) => rx.recv_timeout(wait).ok().filter(|id| *id != 0),
+            Err(e) => {
+                tracing::warn!(%home, error = %e, "payload not homed");
+                None
+            }
+        };
+        lock(&self.homing).remove(&ticket);
+        self.engine.unregister(&name);
+        id
     }
 
     fn release_local_blob(&self, id: u64) -> bool {
@@ -420,13 +563,12 @@ pub struct PlaneBlobs(pub Arc<Plane>);
 impl BlobStore for PlaneBlobs {
     fn put(&self, bytes: Vec<u8>) -> BlobId {
         let p = &self.0;
-        let id =
-            (u64::from(p.me.0) << BLOB_OWNER_SHIFT) | p.next_blob.fetch_add(1, Ordering::Relaxed);
-        let len = bytes.len() as u64;
-        if p.register(&blob_name(id), Bytes::from(bytes)) {
-            lock(&p.blobs).insert(id, len);
+        let bytes = Bytes::from(bytes);
+        let home = *p.home.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(id) = home.and_then(|h| p.put_home(h, &bytes)) {
+            return BlobId(id);
         }
-        BlobId(id)
+        BlobId(p.put_local(bytes))
     }
 
     fn get(&self, id: BlobId) -> Option<Arc<[u8]>> {
@@ -547,6 +689,7 @@ pub struct PlaneGrads(pub Arc<Plane>);
 impl GradStore for PlaneGrads {
     fn deposit(&self, step: Step, cell: u32, grads: GradBuffer) {
         let p = &self.0;
+        let grads = crate::embedded::shared::merge(p.local_grads(step, cell), grads);
         if p.register(&grads_name(step, cell), Bytes::from(grads.encode())) {
             let mut local = lock(&p.grads_local);
             local.insert((step, cell));
@@ -700,6 +843,66 @@ mod tests {
         }
         assert_eq!(head.live(), 0);
         assert_eq!(cell.get(id), None, "a released blob is gone");
+    }
+
+    #[test]
+    fn a_homed_record_outlives_the_process_that_wrote_it() {
+        let p = three();
+        p[0].serve_homing();
+        p[2].home_blobs_at(NodeId(0), HOME_WAIT);
+        let (head, cell) = (PlaneBlobs(p[0].clone()), PlaneBlobs(p[2].clone()));
+        // Larger than one notification: the head pulls it.
+        let rec = cell.put(vec![7u8; 200_000]);
+        assert_eq!(rec.0 >> BLOB_OWNER_SHIFT, 0, "the head owns a homed record");
+        assert_eq!(head.live(), 1);
+        assert_eq!(cell.live(), 0, "the writer keeps nothing");
+        assert_eq!(p[0].moved().rows, 200_000, "the head pulled the bytes");
+        p[2].stop();
+        drop(cell);
+        assert_eq!(head.get(rec).as_deref().map(<[u8]>::len), Some(200_000));
+        assert!(head.release(rec));
+        assert_eq!(head.live(), 0);
+    }
+
+    #[test]
+    fn a_put_whose_home_never_answers_stays_with_its_writer() {
+        let p = three();
+        // Node 11 homes at the head, which does not serve homing.
+        let wait = Duration::from_millis(200);
+        p[2].home_blobs_at(NodeId(0), wait);
+        let cell = PlaneBlobs(p[2].clone());
+        let started = std::time::Instant::now();
+        let rec = cell.put(vec![1u8; 10]);
+        assert!(started.elapsed() >= wait);
+        assert_eq!(rec.0 >> BLOB_OWNER_SHIFT, 11, "kept by its writer");
+        assert_eq!(
+            PlaneBlobs(p[0].clone()).get(rec).as_deref(),
+            Some(&[1u8; 10][..])
+        );
+    }
+
+    #[test]
+    fn a_second_deposit_of_a_step_adds_to_the_first() {
+        let p = three();
+        let g = |x: f32| GradBuffer {
+            version: 2,
+            fingerprint: 1,
+            cells: 1,
+            micro_steps: 1,
+            targets: 3,
+            loss: 0.5,
+            data: vec![x; 4],
+        };
+        let grads = PlaneGrads(p[2].clone());
+        grads.deposit(4, 1, g(1.0));
+        grads.deposit(4, 1, g(2.0));
+        let (found, missing) = PlaneGrads(p[1].clone()).take(4, 2);
+        assert_eq!(missing, [0]);
+        assert_eq!(found[0].data, [3.0; 4]);
+        assert_eq!(
+            (found[0].cells, found[0].micro_steps, found[0].targets),
+            (1, 2, 6)
+        );
     }
 
     #[test]

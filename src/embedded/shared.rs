@@ -154,9 +154,33 @@ pub struct GradBoard {
     pub shared_steps: AtomicU64,
 }
 
+/// A cell's second drain of one step (it claimed again the share of a
+/// member lost mid-batch) adds to its first: a deposit holds everything the
+/// cell computed for the step, and still counts as one cell.
+pub fn merge(earlier: Option<GradBuffer>, grads: GradBuffer) -> GradBuffer {
+    let Some(mut sum) = earlier else {
+        return grads;
+    };
+    let cells = sum.cells.max(grads.cells);
+    match sum.add(&grads) {
+        Ok(()) => {
+            sum.cells = cells;
+            sum
+        }
+        Err(e) => {
+            // Different weights: the earlier deposit belongs to another
+            // history (a restore); the new one stands alone.
+            tracing::warn!(error = %e, "an earlier deposit of the step was replaced");
+            grads
+        }
+    }
+}
+
 impl GradStore for GradBoard {
     fn deposit(&self, step: Step, cell: u32, grads: GradBuffer) {
-        lock(&self.deposits).insert((step, cell), grads);
+        let mut d = lock(&self.deposits);
+        let earlier = d.remove(&(step, cell));
+        d.insert((step, cell), merge(earlier, grads));
     }
 
     fn take(&self, step: Step, members: u32) -> (Vec<GradBuffer>, Vec<u32>) {

@@ -8,7 +8,7 @@
 //!   snapshot a joining satellite reads and what a broadcast delivers.
 //! - `FwdBwd`: read the micro-step's rows by handle, forward/backward under
 //!   the objective of SPEC 3.7 with the packer's per-token coefficients,
-//!   accumulate; release the rows.
+//!   accumulate (the packer releases the rows once the step is trained).
 //! - `Drain`: hand this cell's accumulated gradients to the reduction board
 //!   and zero them.
 //! - `Reduce` (core): sum the gradients of the prefix's cells; the
@@ -313,8 +313,8 @@ impl TrainerWorker {
         Work::new("trainer.fwd_bwd", move || {
             // Read once, whatever it holds: a payload that does not decode
             // will not decode later either.
+            // The packer releases the rows once the step is trained.
             let payload = get_decoded::<MicroStepRows>(blobs.as_ref(), rows);
-            blobs.release(rows);
             let payload = payload.map_err(|e| format!("micro-step rows: {e}"))?;
             let elsewhere = stats_input(&payload);
             let (rows, step) = to_trainer_input(payload);
@@ -393,9 +393,10 @@ impl TrainerWorker {
         })
     }
 
-    /// Answers the request that just finished, whatever its outcome: the
-    /// trainer protocol has no failure replies, and a step must complete
-    /// (a failed micro-step trains nothing; it is counted and logged).
+    /// Answers the request that just finished, whatever its outcome (but a
+    /// failed reduction, see below): the trainer protocol has no failure
+    /// replies, and a step must complete (a failed micro-step trains
+    /// nothing; it is counted and logged).
     fn finish(
         &mut self,
         req: TrainerReq,
@@ -441,17 +442,17 @@ impl TrainerWorker {
                 cx.send(reply_to, TrainerEvent::Drained { step });
             }
             TrainerReq::Reduce { step, reply_to, .. } => {
-                let grad_norm = match ok {
-                    Some(Finished::Reduced { grad_norm, missing }) => {
-                        if !missing.is_empty() {
-                            tracing::debug!(step, ?missing, "members that computed nothing");
-                        }
-                        self.stats.idle_members += missing.len() as u64;
-                        grad_norm
+                // A failed reduction is not answered: across processes it
+                // fails when a member is lost, and the core, told of the
+                // loss, collects the step again and asks anew. Answering
+                // would let an update run on no gradients.
+                if let Some(Finished::Reduced { grad_norm, missing }) = ok {
+                    if !missing.is_empty() {
+                        tracing::debug!(step, ?missing, "members that computed nothing");
                     }
-                    _ => 0.0,
-                };
-                cx.send(reply_to, TrainerEvent::Reduced { step, grad_norm });
+                    self.stats.idle_members += missing.len() as u64;
+                    cx.send(reply_to, TrainerEvent::Reduced { step, grad_norm });
+                }
             }
             TrainerReq::Update { step, reply_to } => {
                 if let Some(Finished::Updated(u)) = ok {
@@ -914,6 +915,10 @@ mod tests {
             "v1 published"
         );
         assert_eq!(th.lock().unwrap().version(), 1);
-        assert_eq!(blobs.live(), 0, "every row blob released, readable or not");
+        assert_eq!(
+            blobs.live(),
+            2,
+            "the trainer releases no rows (the packer does, once the step is trained)"
+        );
     }
 }

@@ -112,6 +112,18 @@ pub struct SchedConfig {
     /// as it was. Needs `retry`, which is how a lost node is found again.
     #[serde(default)]
     pub watch_nodes: bool,
+    /// A lost node is found again when its host says so
+    /// (`SchedMsg::NodeBack`: a cluster's launcher restarted it), not by
+    /// resending to it. For hosts whose backends should not see resends
+    /// (a live cluster's); `watch_nodes` needs this or `retry`.
+    #[serde(default)]
+    pub rejoin_notices: bool,
+    /// The backends' reduction reads every member's gradients (a live
+    /// cluster's ring over processes), so a satellite lost while the core
+    /// reduces fails the reduction and the step is collected again without
+    /// it (see `CoreConfig::reduce_needs_members`).
+    #[serde(default)]
+    pub reduce_needs_members: bool,
 }
 
 impl Default for SchedConfig {
@@ -139,6 +151,8 @@ impl Default for SchedConfig {
             retry: None,
             checkpoint_every: None,
             watch_nodes: false,
+            rejoin_notices: false,
+            reduce_needs_members: false,
         }
     }
 }
@@ -166,7 +180,9 @@ pub enum ConfigError {
     AsyncSplit { train: u32, k: u32, pool: u32 },
     #[error("samples: {0}")]
     Samples(String),
-    #[error("watch_nodes finds a lost node again by resending to it: set retry too")]
+    #[error(
+        "watch_nodes finds a lost node again by resending to it (set retry) or by the host's notice (set rejoin_notices)"
+    )]
     WatchWithoutRetry,
 }
 
@@ -198,7 +214,7 @@ impl SchedConfig {
                 return Err(ConfigError::Zero { what });
             }
         }
-        if self.watch_nodes && self.retry.is_none() {
+        if self.watch_nodes && self.retry.is_none() && !self.rejoin_notices {
             return Err(ConfigError::WatchWithoutRetry);
         }
         let b = self.batch_groups;

@@ -41,7 +41,7 @@ use crate::sched::msg::packer::PackerMsg;
 use crate::sched::proto::Port;
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use crate::sched::proto::transfer::{Segment, TransferEvent, TransferReq};
-use crate::sched::retry::{Outbox, Resend, RetryTick};
+use crate::sched::retry::{Outbox, ReqKey, Resend, RetryTick};
 use crate::sched::scheduler::{SchedMsg, Scheduler};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,12 @@ pub struct CoreConfig {
     /// Restore from the last checkpoint when the trainer's node is lost
     /// (the scheduler watches it); publications are checkpointed too.
     pub recover: bool,
+    /// The reduction reads every member's gradients (a ring over their
+    /// processes), so a member lost while the core reduces fails it: the
+    /// lost member's share goes back to the queue, the survivors claim it,
+    /// and the step reduces again over them. Off, a reduction under way
+    /// completes with what the members had drained (the simulator's).
+    pub reduce_needs_members: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +120,9 @@ pub struct CoreLog {
     /// Records of updates lost with the trainer (rolled back): their groups
     /// were trained again; work redone, not part of the model's history.
     pub redone: Vec<StepRecord>,
+    /// Reductions begun again after a member was lost while reducing
+    /// (`CoreConfig::reduce_needs_members`).
+    pub redone_reductions: u64,
 }
 
 #[derive(Debug)]
@@ -481,6 +490,15 @@ impl Core {
         };
         let cut: Vec<u32> = self.members.drain(at..).map(|(c, _)| c).collect();
         self.log.cut.extend(cut.iter().map(|c| (self.step, *c)));
+        if self.phase == CorePhase::Reducing && self.cfg.reduce_needs_members {
+            // The reduction under way fails without the cut members (the
+            // trainer does not answer a failed one): collect again.
+            let step = self.step;
+            self.outbox.forget(&ReqKey::Reduce(step));
+            self.log.memberships.pop();
+            self.log.redone_reductions += 1;
+            self.phase = CorePhase::Collecting;
+        }
         if self.phase == CorePhase::Collecting {
             for c in &cut {
                 self.done.remove(c);

@@ -20,9 +20,11 @@
 //! the queue and the training cells see micro-step descriptors (id, group,
 //! token count, rows handle). With a blob store ([`Packer::with_blobs`]) the
 //! packer puts each micro-step's [`MicroStepRows`] there and the trainer
-//! reads (and releases) them by the descriptor's handle; in process the
-//! rows also stay readable through [`Packer::payload`] until the batch is
-//! trained. Record handles of a taken group go to the source
+//! reads them by the descriptor's handle; the packer releases them once
+//! their step is trained (not the trainer once it read them: a satellite
+//! lost mid-batch may have read its share, which the survivors then read
+//! again). In process the rows also stay readable through
+//! [`Packer::payload`] until the batch is trained. Record handles of a taken group go to the source
 //! ([`SampleSource::attach`]) before the group is planned.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -128,6 +130,8 @@ pub struct Packer {
     chunks: BTreeMap<MicroStepId, (GroupId, Vec<RowChunk>, Vec<RowChunk>)>,
     /// Where micro-step rows are put for the trainers.
     blobs: Option<Arc<dyn BlobStore>>,
+    /// The row handles put for each step, released once it is trained.
+    put: BTreeMap<Step, Vec<BlobId>>,
     stats: PackerStats,
 }
 
@@ -151,6 +155,7 @@ impl Packer {
             rows: BTreeMap::new(),
             chunks: BTreeMap::new(),
             blobs: None,
+            put: BTreeMap::new(),
             stats: PackerStats::default(),
         }
     }
@@ -308,6 +313,9 @@ impl Packer {
                 }
                 _ => BlobId::NONE,
             };
+            if !rows.is_none() {
+                self.put.entry(step).or_default().push(rows);
+            }
             msteps.push(MicroStep {
                 id,
                 group,
@@ -464,6 +472,13 @@ impl Actor for Packer {
             PackerMsg::Trained { step } => {
                 self.trained = self.trained.max(step + 1);
                 let trained = self.trained;
+                let later = self.put.split_off(&trained);
+                let done = std::mem::replace(&mut self.put, later);
+                if let Some(store) = &self.blobs {
+                    for id in done.into_values().flatten() {
+                        store.release(id);
+                    }
+                }
                 self.taken.retain(|_, t| t.step >= trained);
                 self.rows.retain(|g, _| self.taken.contains_key(g));
                 self.chunks.retain(|id, _| id.step >= trained);

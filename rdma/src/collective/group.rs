@@ -12,6 +12,12 @@ use crate::request::{PeerId, SegmentRef};
 
 /// How long a collective waits for a peer's signal before giving up.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+/// While waiting for a rank's signal, how often the rank is probed: a lost
+/// one fails the wait within about this long, not after [`STEP_TIMEOUT`].
+pub const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// A segment name no member registers: describing it answers "unknown"
+/// from a live peer and fails from a lost one.
+const PROBE: &str = "gyre.collective.probe";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CollectiveError {
@@ -35,6 +41,13 @@ pub enum CollectiveError {
     },
     #[error("group `{tag}`: peer for rank {rank} is missing")]
     MissingPeer { tag: String, rank: usize },
+    #[error("group `{tag}`: rank {rank} was lost while waiting for {what}: {error}")]
+    PeerLost {
+        tag: String,
+        rank: usize,
+        what: String,
+        error: String,
+    },
     #[error("group `{tag}`: malformed signal on `{topic}` ({len} bytes)")]
     BadSignal {
         tag: String,
@@ -132,6 +145,51 @@ impl Group {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// Waits for a notification that `rank` sends, failing as soon as
+    /// `rank` is found lost (probed every [`PROBE_EVERY`]).
+    pub(crate) fn recv_from(
+        &self,
+        notes: &Receiver<Notification>,
+        rank: usize,
+        what: impl Fn() -> String,
+    ) -> Result<Notification, CollectiveError> {
+        let start = Instant::now();
+        loop {
+            match notes.recv_timeout(PROBE_EVERY) {
+                Ok(note) => return Ok(note),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(CollectiveError::Timeout {
+                        tag: self.tag.clone(),
+                        what: format!("{} (subscription closed)", what()),
+                        waited: start.elapsed(),
+                    });
+                }
+                Err(RecvTimeoutError::Timeout) if start.elapsed() >= STEP_TIMEOUT => {
+                    return Err(CollectiveError::Timeout {
+                        tag: self.tag.clone(),
+                        what: what(),
+                        waited: STEP_TIMEOUT,
+                    });
+                }
+                Err(RecvTimeoutError::Timeout) => self.probe(rank, &what)?,
+            }
+        }
+    }
+
+    /// Fails if `rank` cannot be reached any more.
+    fn probe(&self, rank: usize, what: &impl Fn() -> String) -> Result<(), CollectiveError> {
+        let peer = self.peer(rank)?;
+        match self.engine.open_segment(peer, PROBE) {
+            Ok(_) | Err(TransferError::Request(RequestError::UnknownSegment { .. })) => Ok(()),
+            Err(e) => Err(CollectiveError::PeerLost {
+                tag: self.tag.clone(),
+                rank,
+                what: what(),
+                error: e.to_string(),
+            }),
         }
     }
 

@@ -133,8 +133,10 @@ impl RingAllReduce {
     }
 
     fn wait_for(&mut self, call: u64, step: u64, topic: &str) -> Result<(), CollectiveError> {
+        let n = self.group.size();
+        let left = (self.group.rank + n - 1) % n;
         while !self.early.remove(&(call, step)) {
-            let note = self.group.recv(&self.notes, || {
+            let note = self.group.recv_from(&self.notes, left, || {
                 format!("ring step {step} of call {call} from the left neighbour")
             })?;
             self.early.insert(parse_signal(&self.group, topic, &note)?);

@@ -99,6 +99,8 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
         retry: None,
         checkpoint_every: None,
         watch_nodes: false,
+        rejoin_notices: false,
+        reduce_needs_members: false,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     // Scenario runs are long: the per-call ids the checker's end

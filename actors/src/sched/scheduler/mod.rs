@@ -364,6 +364,7 @@ impl Scheduler {
                     keep_satellites: matches!(cfg.policy, Policy::Async { .. }),
                     checkpoint_every: cfg.checkpoint_every,
                     recover: cfg.watch_nodes && cfg.checkpoint_every.is_some(),
+                    reduce_needs_members: cfg.reduce_needs_members,
                 },
                 CoreLinks {
                     sched: me,
