@@ -20,7 +20,7 @@ use gyre_runtime::sim::FaultPlan;
 use gyre_runtime::{Addr, MILLIS, Nanos, NodeId, SECS};
 use gyre_simulations::backends::trainer::TrainerOp;
 use gyre_simulations::checker::check_end;
-use gyre_simulations::swarm::{HORIZON, node_crashes, run_swarm, swarm_config};
+use gyre_simulations::swarm::{HORIZON, checkpoint_every, node_crashes, run_swarm, swarm_config};
 use gyre_simulations::world::{Cluster, ClusterConfig};
 
 mod common;
@@ -341,4 +341,36 @@ fn the_swarm_with_core_crashes_meets_every_invariant() {
     }
     println!("{core_crashes} crashes of the core's node in 100 seeds");
     assert!(core_crashes > 20, "{core_crashes} core crashes");
+}
+
+/// Swarm seeds (the CI swarm's configuration and fault plans, core crashes
+/// included) that the wide scans (`examples/core_swarm.rs`) found failing,
+/// each with the cause fixed:
+/// - 143, 158, 225: a satellite's claim parked behind cell 0's stayed
+///   parked after the satellite was cut, and the rewind dropped it: the
+///   satellite never heard its stream end and stayed in training (the
+///   queue now ends a cut cell's parked claims at once).
+/// - 1403, 2394, 3925: the core's node restarted while cell 0 switched to
+///   training; its fresh device memory held rollout memory again and
+///   refused training memory (the scheduler now tells cell 0 its backends
+///   were lost, `CellMsg::BackendsLost`, and the switch starts over).
+const WIDE_SCAN_SEEDS: &[u64] = &[143, 158, 225, 1403, 2394, 3925];
+
+#[test]
+fn the_core_crash_seeds_the_wide_scan_found_meet_every_invariant() {
+    for &seed in WIDE_SCAN_SEEDS {
+        let mut cfg = swarm_config(seed);
+        cfg.sched.checkpoint_every = checkpoint_every(seed);
+        let plan = FaultPlan::within(seed, HORIZON);
+        assert!(
+            node_crashes(&cfg, &plan)
+                .iter()
+                .any(|(_, _, node)| *node == CORE_NODE),
+            "seed {seed} crashes the core's node"
+        );
+        let outcome = run_swarm(&cfg, plan).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        if let Some(e) = outcome.error {
+            panic!("seed {seed}: {:?}", e.failure);
+        }
+    }
 }
