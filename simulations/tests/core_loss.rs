@@ -354,7 +354,10 @@ fn the_swarm_with_core_crashes_meets_every_invariant() {
 ///   training; its fresh device memory held rollout memory again and
 ///   refused training memory (the scheduler now tells cell 0 its backends
 ///   were lost, `CellMsg::BackendsLost`, and the switch starts over).
-const WIDE_SCAN_SEEDS: &[u64] = &[143, 158, 225, 1403, 2394, 3925];
+/// - 2974, 5621, 8678: an all-at-once switch (Async) lost its satellites
+///   with the core's node after cell 0 had switched: nothing activated the
+///   core again (the scheduler now activates the group of cell 0 alone).
+const WIDE_SCAN_SEEDS: &[u64] = &[143, 158, 225, 1403, 2394, 3925, 2974, 5621, 8678];
 
 #[test]
 fn the_core_crash_seeds_the_wide_scan_found_meet_every_invariant() {
