@@ -67,6 +67,15 @@ pub fn swarm_config(seed: u64) -> ClusterConfig {
     cfg
 }
 
+/// The checkpoint interval of swarm seed `seed`: none for one seed in
+/// four, else every 1, 2 or 3 steps.
+pub fn checkpoint_every(seed: u64) -> Option<u64> {
+    match seed % 4 {
+        0 => None,
+        k => Some(k),
+    }
+}
+
 /// The nodes a plan's crashes can take down: every cell's but the core's
 /// (the core's too when it restores from checkpoints: `watch_nodes` and
 /// `checkpoint_every`), and the pool's.
@@ -198,6 +207,16 @@ pub fn run_swarm_seed(seed: u64) -> Result<SwarmOutcome, RunError> {
 
 /// Runs `cfg` under `plan` through both phases.
 pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, RunError> {
+    run_swarm_inspect(cfg, plan, &mut |_| {})
+}
+
+/// [`run_swarm`], handing the cluster as it ended to `inspect` (a replay
+/// printing the actors' states).
+pub fn run_swarm_inspect(
+    cfg: &ClusterConfig,
+    plan: FaultPlan,
+    inspect: &mut dyn FnMut(&crate::world::Cluster),
+) -> Result<SwarmOutcome, RunError> {
     let mut cluster = build(cfg)?;
     let healthy: LinkModel = cfg.link;
     let checker = Rc::new(RefCell::new(Checker::new(&cluster)));
@@ -288,6 +307,7 @@ pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, R
         outcome.resent = boxes.iter().map(|b| b.resent).sum();
         outcome.duplicate_answers = boxes.iter().map(|b| b.duplicates).sum();
     }
+    inspect(&cluster);
     Ok(outcome)
 }
 

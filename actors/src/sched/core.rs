@@ -536,6 +536,13 @@ impl Actor for Core {
                 Ok(()) => return,
                 Err(m) => m,
             },
+            // A satellite's loss after an activation that waits for the
+            // restore applies to that activation's members: it waits too,
+            // in order (the core's own loss does not).
+            m @ CoreMsg::MemberLost { cell, .. } if cell != 0 => match self.defer(m) {
+                Ok(()) => return,
+                Err(m) => m,
+            },
             m => m,
         };
         self.on_msg_now(from, msg, cx);

@@ -179,7 +179,17 @@ impl Actor for MicroQueue {
                     q.unclaimed.push_front(*m);
                 }
                 self.stats.requeued += back.len() as u64;
-                // A parked claim of a cut cell ends; the others may be served.
+                // A parked claim of a cut cell ends now, wherever it waits
+                // (behind a survivor's parked claim, it would wait for a
+                // push that never serves it, or be dropped by a rewind);
+                // the others may be served.
+                let (ended, parked): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut q.waiting)
+                    .into_iter()
+                    .partition(|(cell, _)| q.cut.contains(cell));
+                q.waiting = parked;
+                for (_, to) in ended {
+                    cx.send(to, CellMsg::StreamEnd { step });
+                }
                 self.serve(step, cx);
             }
             QueueMsg::Rewind { from } => {

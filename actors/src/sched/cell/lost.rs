@@ -12,12 +12,21 @@
 //! under the rejoin's switch id. Until then, messages of the abandoned
 //! phase (a late grant, a hand-over's acknowledgement) are counted and
 //! ignored.
+//!
+//! Cell 0 on the training side is not taken out when its node (the core's)
+//! goes down: the core restores instead, and the cell only hears that its
+//! backends were lost (`CellMsg::BackendsLost`). A restarted node's device
+//! memory holds rollout memory again, so a switch to training in progress
+//! starts over (unload, release rollout memory, restore training memory),
+//! each request resent until the node answers; every step is idempotent, so
+//! a node that only was cut off answers them at once.
 
 use gyre_runtime::Cx;
 
 use super::{Cell, Phase, Stage};
 use crate::sched::ids::{SwitchId, Version};
 use crate::sched::proto::engine::EngineReq;
+use crate::sched::proto::memory::MemRole;
 use crate::sched::retry::{ReqKey, Resend};
 
 impl Cell {
@@ -54,5 +63,26 @@ impl Cell {
     /// The rejoin is complete: the engine serves again.
     pub(super) fn rejoined(&mut self) {
         self.rejoining = false;
+    }
+
+    /// Its backends' node went down (see the module's note).
+    pub(super) fn on_backends_lost(&mut self, cx: &mut Cx<'_, Self>) {
+        let Phase::Switching { switch, .. } = self.phase else {
+            return;
+        };
+        for key in [
+            ReqKey::Unload,
+            ReqKey::Release(MemRole::Rollout),
+            ReqKey::Restore(MemRole::Training),
+        ] {
+            self.outbox.forget(&key);
+        }
+        self.phase = Phase::Switching {
+            switch,
+            stage: Stage::Unloading,
+        };
+        let reply_to = cx.recipient();
+        let req = EngineReq::Unload { reply_to };
+        self.request(Resend::Engine(self.links.engine, req), cx);
     }
 }

@@ -85,10 +85,21 @@ impl Core {
     /// The trainer's node is down.
     pub(super) fn core_lost(&mut self, queue: Recipient<QueueMsg>, cx: &mut Cx<'_, Self>) {
         let epoch = self.log.restores.len() as u64 + 1;
-        let (was, deferred) = match self.restoring.take() {
+        let (was, mut deferred) = match self.restoring.take() {
             Some(r) => (r.was, r.deferred),
             None => (self.phase, Vec::new()),
         };
+        // Lost again before the restore was over: the scheduler sent every
+        // satellite back to rollout with this loss, so an activation that
+        // waits keeps cell 0 alone, and a join that waits is void.
+        deferred.retain_mut(|m| match m {
+            CoreMsg::Activate { members, .. } => {
+                members.retain(|(c, _)| *c == 0);
+                true
+            }
+            CoreMsg::Join { .. } => false,
+            _ => true,
+        });
         for key in self.outbox.pending() {
             if is_core_trainer_key(&key) {
                 self.outbox.forget(&key);

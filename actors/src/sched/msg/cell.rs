@@ -80,6 +80,11 @@ pub enum CellMsg {
     Abort {
         step: Step,
     },
+    /// From the scheduler: the node of this cell's backends went down
+    /// while the cell was on the training side (cell 0: the core's node).
+    /// What they held (device memory, the loaded engine) may be gone: a
+    /// switch in progress runs again from its start against them.
+    BackendsLost,
 }
 
 macro_rules! from_event {

@@ -183,7 +183,11 @@ impl Scheduler {
         // Serving, cell 0 is a rollout cell lost like any other.
         if self.ledger.role(0) == Some(Role::Rollout) {
             self.lose(EngineIx::Cell(0), cx);
+        } else {
+            // On the training side, its backends' state may be gone.
+            cx.send(peers.cells[0], CellMsg::BackendsLost);
         }
+        let had_group = !self.group.is_empty();
         for c in 1..self.cfg.cells {
             if self.ledger.role(c).is_some_and(Role::is_training_side) {
                 self.begin_return(c, cx);
@@ -196,6 +200,12 @@ impl Scheduler {
                 queue: peers.queue.into(),
             },
         );
+        // An all-at-once switch goes on with cell 0 alone: if it had
+        // switched already, nothing else would activate the core (which
+        // holds the activation until its restore is over).
+        if had_group {
+            self.activate_group(cx);
+        }
     }
 
     /// A lost cell (`Some`) or the pool (`None`) reports its rejoin.
