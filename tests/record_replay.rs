@@ -1,7 +1,11 @@
 //! Record and replay: a recorded embedded run (`gyre train --record`)
-//! replayed in the simulator (`gyre simulate --replay`) gives the recorded
-//! step times within 10% and the same role changes per burst; recording
-//! changes nothing in the run.
+//! replayed in the simulator (`gyre simulate --replay`) gives every
+//! recorded step time within 10% and the same role changes in every burst;
+//! recording changes nothing in the run. On the simulator host the record
+//! is of a deterministic run whose every cost it holds (the engines'
+//! control operations with their queueing, the serial transfer worker), so
+//! the replay reproduces it: every step time, every role change and every
+//! dispatch to the nanosecond.
 
 use gyre::embedded::cluster::EmbeddedConfig;
 use gyre::embedded::record::run_recorded;
@@ -28,10 +32,30 @@ fn a_recorded_run_replays_within_ten_percent_per_step_with_the_same_role_changes
     assert!(back.executions.iter().all(|e| !e.calls.is_empty()));
     assert!(back.switches.len() >= 6, "{:?}", back.switches);
     assert!(back.ops.iter().any(|o| o.op == "trainer.fwd_bwd"));
+    // The engines' controls, with how long each queued behind the job in
+    // flight: what the replay prices them at.
+    for kind in [
+        "engine.pin",
+        "engine.cancel",
+        "engine.unload",
+        "engine.load",
+    ] {
+        assert!(
+            back.ops
+                .iter()
+                .any(|o| o.op == kind && o.queued_ns.is_some()),
+            "no {kind} with its queueing in the record"
+        );
+    }
+    assert!(
+        back.ops.iter().any(|o| o.queued_ns.unwrap_or(0) > 0),
+        "nothing ever queued"
+    );
 
     let r = replay(&back).expect("the replay runs");
     assert_eq!(r.steps.len(), 6);
     for s in &r.steps {
+        // The bound, and on this host the exact step time.
         assert!(
             s.error.abs() < 0.10,
             "step {}: recorded {} ns, simulated {} ns",
@@ -39,8 +63,31 @@ fn a_recorded_run_replays_within_ten_percent_per_step_with_the_same_role_changes
             s.recorded_ns,
             s.simulated_ns
         );
+        assert_eq!(s.simulated_ns, s.recorded_ns, "step {}", s.step);
     }
-    assert!(r.same_role_changes, "{:#?}", r.bursts);
+    assert!(!r.bursts.is_empty());
+    for b in &r.bursts {
+        assert_eq!(b.simulated, b.recorded, "role changes of burst {}", b.burst);
+    }
+    assert!(r.same_role_changes);
+    let switch_times = |s: &[gyre_simulations::replay::schema::Switch]| -> Vec<(u32, u64, u64)> {
+        s.iter().map(|s| (s.cell, s.begin_ns, s.end_ns)).collect()
+    };
+    assert_eq!(
+        switch_times(&r.simulated_switches),
+        switch_times(&back.switches),
+        "every switch begins and ends when it did"
+    );
+    for e in &back.executions {
+        if let Some(d) = e.dispatch_ns {
+            assert_eq!(
+                r.simulated_dispatch.get(e.exec as usize),
+                Some(&d),
+                "execution {} dispatched when it was",
+                e.exec
+            );
+        }
+    }
 
     // The side-by-side timeline (`--plots`): both runs, the shared legend.
     let svg = std::env::temp_dir().join(format!("gyre-replay-{}.svg", std::process::id()));

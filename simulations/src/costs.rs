@@ -86,6 +86,16 @@ pub struct TransferCosts {
     pub ns_per_kib: Nanos,
     pub weights_bytes: u64,
     pub publish: Span,
+    /// One operation at a time, in arrival order, as the embedded transfer
+    /// worker runs them (`src/embedded/transfer.rs`: one device, one job in
+    /// flight); a replay of its record queues them as it did. Off (every
+    /// operation at once, as RDMA reads of a real cluster) by default.
+    #[serde(default)]
+    pub serial: bool,
+    /// What exposing a buffer costs, when it is not `latency` (a replay
+    /// prices it as recorded).
+    #[serde(default)]
+    pub expose: Option<Nanos>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -206,6 +216,8 @@ impl Default for Costs {
                 ns_per_kib: 100,
                 weights_bytes: 8 << 30,
                 publish: Span::new(SECS, 3 * SECS),
+                serial: false,
+                expose: None,
             },
             trainer: TrainerCosts {
                 warmup: 2 * SECS,

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use gyre_actors::sched::cell::CellRole;
-use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, GroupId, Step};
+use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, GroupId};
 use gyre_actors::sched::proto::harness::HarnessOutcome;
 use gyre_runtime::Nanos;
 use gyre_simulations::replay::observe::{RoleChange, switches};
@@ -52,6 +52,21 @@ struct ExecLog {
 struct Log {
     execs: BTreeMap<ExecId, ExecLog>,
     ops: Vec<Op>,
+}
+
+/// A backend operation of `kind` that arrived at `arrived`, began at
+/// `began` and ended at `end` (step, tokens and executions unset).
+pub fn op_line(cell: Option<u32>, kind: &str, arrived: Nanos, began: Nanos, end: Nanos) -> Op {
+    Op {
+        cell,
+        op: kind.to_owned(),
+        start_ns: began,
+        end_ns: end,
+        step: None,
+        tokens: None,
+        queued_ns: Some(began.saturating_sub(arrived)),
+        execs: None,
+    }
 }
 
 /// The sink every recording backend appends to (cheap to clone).
@@ -168,25 +183,8 @@ impl Journal {
     }
 
     /// One backend operation (kinds: `replay::schema::OP_KINDS`).
-    pub fn op(
-        &self,
-        cell: Option<u32>,
-        op: &str,
-        start: Nanos,
-        end: Nanos,
-        step: Option<Step>,
-        tokens: Option<u64>,
-    ) {
-        self.with(|l| {
-            l.ops.push(Op {
-                cell,
-                op: op.to_owned(),
-                start_ns: start,
-                end_ns: end,
-                step,
-                tokens,
-            })
-        });
+    pub fn op(&self, op: Op) {
+        self.with(|l| l.ops.push(op));
     }
 
     /// The record: `header`, what the backends saw, and (simulator host)

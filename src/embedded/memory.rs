@@ -14,7 +14,7 @@ use gyre_gpu::engine::MemTag;
 use gyre_runtime::{Actor, ActorId, Cx, IoError, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::journal::Journal;
+use crate::embedded::journal::{Journal, op_line};
 use crate::embedded::shared::{EngineHandle, TrainerHandle, lock};
 use crate::embedded::work::{Serial, Work};
 
@@ -77,6 +77,8 @@ pub struct MemoryWorker {
     /// and when the running one began.
     journal: Option<(u32, Journal)>,
     began: Nanos,
+    /// When the running one arrived.
+    arrived: Nanos,
 }
 
 impl MemoryWorker {
@@ -88,6 +90,7 @@ impl MemoryWorker {
             stats: MemoryStats::default(),
             journal: None,
             began: 0,
+            arrived: 0,
         }
     }
 
@@ -107,6 +110,7 @@ impl MemoryWorker {
             stats: MemoryStats::default(),
             journal: None,
             began: 0,
+            arrived: 0,
         }
     }
 
@@ -120,6 +124,7 @@ impl MemoryWorker {
         };
         self.jobs.begin(op);
         self.began = cx.now();
+        self.arrived = self.jobs.arrived();
         let engine = self.engine.clone();
         let trainer = self.trainer.clone();
         let kind = if op.restore {
@@ -159,7 +164,7 @@ impl Actor for MemoryWorker {
 
     fn on_msg(&mut self, _from: ActorId, msg: MemoryWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            MemoryWorkerMsg::Req(r) => self.jobs.push(r.into()),
+            MemoryWorkerMsg::Req(r) => self.jobs.push(r.into(), cx.now()),
             MemoryWorkerMsg::Done(result) => {
                 let Some(op) = self.jobs.finish() else {
                     tracing::error!("memory job completion with no job in flight");
@@ -173,7 +178,8 @@ impl Actor for MemoryWorker {
                         (true, MemRole::Rollout) => "memory.restore_rollout",
                         (true, MemRole::Training) => "memory.restore_training",
                     };
-                    j.op(Some(*cell), kind, self.began, cx.now(), None, None);
+                    let arrived = self.arrived;
+                    j.op(op_line(Some(*cell), kind, arrived, self.began, cx.now()));
                 }
                 let event = match result {
                     Ok(_) if op.restore => {

@@ -37,9 +37,10 @@ use gyre_gpu::trainer::{
 use gyre_runtime::{Actor, ActorId, Cx, IoError, Nanos, Recipient, get_decoded};
 use serde::{Deserialize, Serialize};
 
-use super::journal::Journal;
+use super::journal::{Journal, op_line};
 use super::shared::{Shared, TrainerHandle, lock};
 use super::work::{Serial, Work};
+use gyre_simulations::replay::schema::Op;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum TrainerWorkerMsg {
@@ -165,6 +166,8 @@ pub struct TrainerWorker {
     /// the running one began.
     journal: Option<Journal>,
     began: Nanos,
+    /// When the running one arrived.
+    arrived: Nanos,
 }
 
 impl std::fmt::Debug for TrainerWorker {
@@ -196,6 +199,7 @@ impl TrainerWorker {
             checkpoint: None,
             journal: None,
             began: 0,
+            arrived: 0,
         }
     }
 
@@ -284,6 +288,7 @@ impl TrainerWorker {
             }
         }
         self.began = cx.now();
+        self.arrived = self.jobs.arrived();
         self.jobs.begin(req);
     }
 
@@ -413,7 +418,11 @@ impl TrainerWorker {
                 _ => (None, None),
             };
             let kind = format!("trainer.{}", op_name(&req));
-            j.op(Some(self.cell), &kind, self.began, cx.now(), step, tokens);
+            j.op(Op {
+                step,
+                tokens,
+                ..op_line(Some(self.cell), &kind, self.arrived, self.began, cx.now())
+            });
         }
         let ok = match result {
             Ok(f) => Some(f),
@@ -610,7 +619,7 @@ impl Actor for TrainerWorker {
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            TrainerWorkerMsg::Req(r) => self.jobs.push(r),
+            TrainerWorkerMsg::Req(r) => self.jobs.push(r, cx.now()),
             TrainerWorkerMsg::Done(result) => match self.jobs.finish() {
                 Some(req) => self.finish(req, result, cx),
                 None => {

@@ -19,7 +19,7 @@ use gyre_actors::sched::proto::transfer::{ReadTag, Segment, TransferEvent, Trans
 use gyre_runtime::{Actor, ActorId, Cx, IoError, MILLIS, Nanos, Recipient};
 use serde::{Deserialize, Serialize};
 
-use crate::embedded::journal::Journal;
+use crate::embedded::journal::{Journal, op_line};
 use crate::embedded::shared::{Shared, WeightStore};
 use crate::embedded::work::{Serial, Work};
 
@@ -81,6 +81,8 @@ pub struct TransferWorker {
     /// in flight began.
     journal: Option<Journal>,
     began: Nanos,
+    /// When the running one arrived.
+    arrived: Nanos,
 }
 
 /// `version`'s bytes on the board, or the newest ones when that version
@@ -105,6 +107,7 @@ impl TransferWorker {
             stats: TransferStats::default(),
             journal: None,
             began: 0,
+            arrived: 0,
         }
     }
 
@@ -124,6 +127,7 @@ impl TransferWorker {
         };
         self.jobs.begin(op);
         self.began = cx.now();
+        self.arrived = self.jobs.arrived();
         let s = self.shared.clone();
         let missing = |what: String| Err(format!("{what} is not on its board"));
         match op {
@@ -169,7 +173,7 @@ impl TransferWorker {
                 Op::Publish { .. } => "transfer.publish",
                 Op::Read { .. } => "transfer.read",
             };
-            j.op(None, kind, self.began, cx.now(), None, None);
+            j.op(op_line(None, kind, self.arrived, self.began, cx.now()));
         }
         if let Err(e) = &result {
             let retry = matches!(op, Op::Publish { tries, .. } if tries + 1 < PUBLISH_TRIES);
@@ -230,17 +234,20 @@ impl Actor for TransferWorker {
 
     fn on_msg(&mut self, _from: ActorId, msg: TransferWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            TransferWorkerMsg::Req(r) => self.jobs.push(match r {
-                TransferReq::Expose { version, reply_to } => Op::Expose { version, reply_to },
-                TransferReq::Read { tag, reply_to, .. } => Op::Read { tag, reply_to },
-                TransferReq::Publish {
-                    version, reply_to, ..
-                } => Op::Publish {
-                    version,
-                    reply_to,
-                    tries: 0,
+            TransferWorkerMsg::Req(r) => self.jobs.push(
+                match r {
+                    TransferReq::Expose { version, reply_to } => Op::Expose { version, reply_to },
+                    TransferReq::Read { tag, reply_to, .. } => Op::Read { tag, reply_to },
+                    TransferReq::Publish {
+                        version, reply_to, ..
+                    } => Op::Publish {
+                        version,
+                        reply_to,
+                        tries: 0,
+                    },
                 },
-            }),
+                cx.now(),
+            ),
             TransferWorkerMsg::Done(result) => match self.jobs.finish() {
                 Some(op) => self.done(op, result, cx),
                 None => tracing::error!("transfer job completion with no job in flight"),
@@ -251,7 +258,7 @@ impl Actor for TransferWorker {
 
     fn on_timer(&mut self, timer: u64, cx: &mut Cx<'_, Self>) {
         if let Some(op) = self.waiting.remove(&timer) {
-            self.jobs.push(op);
+            self.jobs.push(op, cx.now());
             self.kick(cx);
         }
     }

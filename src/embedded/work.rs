@@ -2,7 +2,7 @@
 //! blocking pool, the simulator inline (so it must be deterministic, which
 //! candle's CPU kernels are for a fixed thread count).
 
-use gyre_runtime::{IoError, IoRequest};
+use gyre_runtime::{IoError, IoRequest, Nanos};
 
 /// A closure over shared device state, labelled for the simulator's
 /// latency model.
@@ -37,11 +37,14 @@ impl<T: Send + 'static> IoRequest for Work<T> {
 
 /// A worker's operations, started one at a time in arrival order: a
 /// completion always belongs to the one operation in flight, and two jobs
-/// never contend for one device.
+/// never contend for one device. Each keeps when it arrived, so a record
+/// (`gyre train --record`) can say how long it queued.
 #[derive(Debug)]
 pub struct Serial<Op> {
-    queue: std::collections::VecDeque<Op>,
+    queue: std::collections::VecDeque<(Op, Nanos)>,
     running: Option<Op>,
+    /// When the operation last taken arrived.
+    taken_arrived: Nanos,
 }
 
 impl<Op> Default for Serial<Op> {
@@ -49,13 +52,15 @@ impl<Op> Default for Serial<Op> {
         Self {
             queue: std::collections::VecDeque::new(),
             running: None,
+            taken_arrived: 0,
         }
     }
 }
 
 impl<Op> Serial<Op> {
-    pub fn push(&mut self, op: Op) {
-        self.queue.push_back(op);
+    /// `op` arrived at `at`.
+    pub fn push(&mut self, op: Op, at: Nanos) {
+        self.queue.push_back((op, at));
     }
 
     /// The next operation to start, unless one is in flight. The caller
@@ -65,7 +70,14 @@ impl<Op> Serial<Op> {
         if self.running.is_some() {
             return None;
         }
-        self.queue.pop_front()
+        let (op, at) = self.queue.pop_front()?;
+        self.taken_arrived = at;
+        Some(op)
+    }
+
+    /// When the operation [`Serial::take_next`] last gave arrived.
+    pub fn arrived(&self) -> Nanos {
+        self.taken_arrived
     }
 
     /// `op` is now in flight.
@@ -91,15 +103,16 @@ mod tests {
     #[test]
     fn one_operation_at_a_time_in_order() {
         let mut s = Serial::default();
-        s.push(1);
-        s.push(2);
+        s.push(1, 5);
+        s.push(2, 7);
         let first = s.take_next().unwrap();
-        assert_eq!(first, 1);
+        assert_eq!((first, s.arrived()), (1, 5));
         s.begin(first);
         assert_eq!(s.take_next(), None, "one is in flight");
         assert_eq!(s.finish(), Some(1));
         assert_eq!(s.finish(), None);
         assert_eq!(s.take_next(), Some(2));
+        assert_eq!(s.arrived(), 7);
         assert_eq!(s.waiting(), 0);
     }
 }

@@ -20,6 +20,13 @@
 //! attempt of an execution is answered again; a released execution is not
 //! pinned again; an unload or load under way is not restarted, and one
 //! already done is answered at once.
+//!
+//! Replaying a record (`gyre simulate --replay`), each call takes its
+//! recorded service time and each pin, cancel, unload and load its
+//! recorded time from arrival to answer, in the order the recorded engine
+//! ran them ([`crate::replay::ReplayWorkload::control`]); a pin pins the
+//! executions the recorded one pinned. Without a record, pins and cancels
+//! are answered at once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,12 +38,16 @@ use rustc_hash::FxHashMap;
 
 use crate::costs::EngineCosts;
 use crate::replay::ReplayWorkload;
+use crate::replay::workload::{ControlKind, ReplayControl};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EngineTimer {
     Call(CallId),
     Unload,
     Load,
+    /// A replayed pin or cancel is answered (a record priced it).
+    Pin,
+    Cancel,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +108,12 @@ pub struct SimEngine {
     /// A recorded run: each call takes its recorded service time and
     /// output.
     replay: Option<Arc<ReplayWorkload>>,
+    /// Replayed controls used so far, by kind (pin, cancel, unload, load).
+    controls_used: [usize; 4],
+    /// A replayed pin's answer, due at `EngineTimer::Pin`.
+    pending_pin: Option<(Recipient<EngineEvent>, Vec<KvBlocks>)>,
+    /// A replayed cancel, carried out at `EngineTimer::Cancel`.
+    pending_cancel: Option<Recipient<EngineEvent>>,
 }
 
 impl SimEngine {
@@ -120,7 +137,42 @@ impl SimEngine {
             ignore_repeats: false,
             skip_weights: false,
             replay: None,
+            controls_used: [0; 4],
+            pending_pin: None,
+            pending_cancel: None,
         }
+    }
+
+    /// The next recorded control of `kind`, when replaying a record that
+    /// holds one.
+    fn next_control(&mut self, kind: ControlKind) -> Option<ReplayControl> {
+        let slot = kind as usize;
+        let c = self
+            .replay
+            .as_ref()?
+            .control(self.ix, kind, self.controls_used[slot])?
+            .clone();
+        self.controls_used[slot] += 1;
+        Some(c)
+    }
+
+    /// Cancels every call in flight, in call order, and answers `reply_to`.
+    fn cancel_all(&mut self, reply_to: Recipient<EngineEvent>, cx: &mut Cx<'_, Self>) {
+        let mut calls: Vec<_> = self.inflight.drain().collect();
+        calls.sort_unstable_by_key(|(call, _)| *call);
+        let cancelled = calls.len() as u32;
+        for (call, f) in calls {
+            cx.cancel_timer(&EngineTimer::Call(call));
+            self.stats.cancelled += 1;
+            cx.send(
+                f.reply_to,
+                CallEvent::Cancelled {
+                    call,
+                    attempt: f.attempt,
+                },
+            );
+        }
+        cx.send(reply_to, EngineEvent::CancelComplete { cancelled });
     }
 
     /// Serves each call as the recorded run's engine did.
@@ -269,12 +321,27 @@ impl Actor for SimEngine {
                 cx.send(reply_to, EngineEvent::AdmissionStopped);
             }
             EngineReq::PinKv { execs, reply_to } => {
+                if cx.timer_armed(&EngineTimer::Pin) {
+                    self.stats.repeats += 1;
+                    return;
+                }
+                let recorded = self.next_control(ControlKind::Pin);
                 let mut blocks = Vec::new();
                 for exec in execs {
                     if self.released.contains(&exec) {
                         continue; // a repeated pin after the release
                     }
-                    if let Some(tokens) = self.kv.get(&exec).copied().filter(|t| *t > 0) {
+                    let cached = self.kv.get(&exec).copied();
+                    let tokens = match &recorded {
+                        // The recorded engine's choice: it had blocks for
+                        // these (their calls were running there).
+                        Some(c) => c
+                            .execs
+                            .contains(&exec.0)
+                            .then(|| cached.unwrap_or(0).max(1)),
+                        None => cached.filter(|t| *t > 0),
+                    };
+                    if let Some(tokens) = tokens {
                         self.pinned.insert(exec, tokens);
                         blocks.push(KvBlocks {
                             exec,
@@ -283,24 +350,26 @@ impl Actor for SimEngine {
                         });
                     }
                 }
-                cx.send(reply_to, EngineEvent::KvPinned { blocks });
+                match recorded {
+                    Some(c) => {
+                        self.pending_pin = Some((reply_to, blocks));
+                        cx.set_timer(EngineTimer::Pin, c.took);
+                    }
+                    None => cx.send(reply_to, EngineEvent::KvPinned { blocks }),
+                }
             }
             EngineReq::CancelAll { reply_to } => {
-                let mut calls: Vec<_> = self.inflight.drain().collect();
-                calls.sort_unstable_by_key(|(call, _)| *call);
-                let cancelled = calls.len() as u32;
-                for (call, f) in calls {
-                    cx.cancel_timer(&EngineTimer::Call(call));
-                    self.stats.cancelled += 1;
-                    cx.send(
-                        f.reply_to,
-                        CallEvent::Cancelled {
-                            call,
-                            attempt: f.attempt,
-                        },
-                    );
+                if cx.timer_armed(&EngineTimer::Cancel) {
+                    self.stats.repeats += 1;
+                    return;
                 }
-                cx.send(reply_to, EngineEvent::CancelComplete { cancelled });
+                match self.next_control(ControlKind::Cancel) {
+                    Some(c) => {
+                        self.pending_cancel = Some(reply_to);
+                        cx.set_timer(EngineTimer::Cancel, c.took);
+                    }
+                    None => self.cancel_all(reply_to, cx),
+                }
             }
             EngineReq::AdoptKv { exec, tokens } => {
                 if self.loaded {
@@ -336,7 +405,10 @@ impl Actor for SimEngine {
                 self.pinned.clear();
                 self.released.clear();
                 self.control = Some((reply_to, self.version));
-                cx.set_timer(EngineTimer::Unload, self.costs.unload);
+                let took = self
+                    .next_control(ControlKind::Unload)
+                    .map_or(self.costs.unload, |c| c.took);
+                cx.set_timer(EngineTimer::Unload, took);
             }
             EngineReq::Load { version, reply_to } => {
                 if cx.timer_armed(&EngineTimer::Load) {
@@ -354,7 +426,10 @@ impl Actor for SimEngine {
                     return cx.send(reply_to, loaded);
                 }
                 self.control = Some((reply_to, version));
-                cx.set_timer(EngineTimer::Load, self.costs.load);
+                let took = self
+                    .next_control(ControlKind::Load)
+                    .map_or(self.costs.load, |c| c.took);
+                cx.set_timer(EngineTimer::Load, took);
             }
             EngineReq::SetWeights { version } => {
                 self.version = self.updated(version);
@@ -389,6 +464,16 @@ impl Actor for SimEngine {
                         output: BlobId::NONE,
                     },
                 );
+            }
+            EngineTimer::Pin => {
+                if let Some((to, blocks)) = self.pending_pin.take() {
+                    cx.send(to, EngineEvent::KvPinned { blocks });
+                }
+            }
+            EngineTimer::Cancel => {
+                if let Some(to) = self.pending_cancel.take() {
+                    self.cancel_all(to, cx);
+                }
             }
             EngineTimer::Unload => {
                 if let Some((to, _)) = self.control.take() {

@@ -31,6 +31,8 @@ pub struct SimTransfer {
     stats: TransferStats,
     published_at: Vec<Nanos>,
     answered: Answered<TransferEvent>,
+    /// `TransferCosts::serial`: operations waiting for the one in flight.
+    queue: std::collections::VecDeque<(u64, Nanos)>,
 }
 
 impl SimTransfer {
@@ -43,6 +45,7 @@ impl SimTransfer {
             stats: TransferStats::default(),
             published_at: Vec::new(),
             answered: Answered::default(),
+            queue: std::collections::VecDeque::new(),
         }
     }
 
@@ -89,7 +92,7 @@ impl Actor for SimTransfer {
             return cx.send(to, event);
         }
         let cost = match &msg {
-            TransferReq::Expose { .. } => self.costs.latency,
+            TransferReq::Expose { .. } => self.costs.expose.unwrap_or(self.costs.latency),
             TransferReq::Read { bytes, .. } => {
                 self.costs.latency + (bytes / 1024).saturating_mul(self.costs.ns_per_kib)
             }
@@ -97,13 +100,27 @@ impl Actor for SimTransfer {
         };
         self.next_op += 1;
         self.ops.insert(self.next_op, msg);
-        cx.set_timer(self.next_op, cost);
+        if self.costs.serial {
+            // One at a time: it starts when those before it are done.
+            self.queue.push_back((self.next_op, cost));
+            if self.queue.len() == 1 {
+                cx.set_timer(self.next_op, cost);
+            }
+        } else {
+            cx.set_timer(self.next_op, cost);
+        }
     }
 
     fn on_timer(&mut self, op: u64, cx: &mut Cx<'_, Self>) {
         let Some(req) = self.ops.remove(&op) else {
             return;
         };
+        if self.costs.serial {
+            self.queue.pop_front();
+            if let Some(&(next, cost)) = self.queue.front() {
+                cx.set_timer(next, cost);
+            }
+        }
         let key = ReqKey::of_transfer(&req);
         let (to, event) = match req {
             TransferReq::Expose { version, reply_to } => {

@@ -64,7 +64,10 @@ pub fn replay_costs(rec: &Recording, workload: Arc<ReplayWorkload>) -> Costs {
     c.trainer.broadcast = 0;
     c.transfer.publish = Span::fixed(get("transfer.publish"));
     c.transfer.latency = get("transfer.read");
+    c.transfer.expose = Some(get("transfer.expose"));
     c.transfer.ns_per_kib = 0;
+    // The embedded transfer worker runs one operation at a time.
+    c.transfer.serial = true;
     c.eval.latency = Span::fixed(0);
     c.eval.p_fail = 0.0;
     // The recorded harness's own timeouts are in its calls; none here.

@@ -170,6 +170,8 @@ mod tests {
             end_ns: 44,
             step: None,
             tokens: None,
+            queued_ns: None,
+            execs: None,
         }];
         let s = switches(&changes, &[5, 30, 38], 2, &ops);
         assert_eq!(s.len(), 2);

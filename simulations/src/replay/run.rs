@@ -69,6 +69,9 @@ pub struct ReplayReport {
     /// When each step ended, recorded and simulated.
     pub recorded_ends: Vec<Nanos>,
     pub simulated_ends: Vec<Nanos>,
+    /// When the replay dispatched execution `i` (the recorded times are
+    /// the record's `dispatch_ns`).
+    pub simulated_dispatch: Vec<Nanos>,
     pub cells: u32,
     pub events: u64,
     pub trace_hash: u64,
@@ -210,6 +213,7 @@ pub fn replay(rec: &Recording) -> Result<ReplayReport, ReplayError> {
         cells: rec.header.sched.cells,
         recorded_ends: rec_ends,
         simulated_ends: sim_ends,
+        simulated_dispatch: seen.borrow().dispatch.clone(),
         events: cluster.sim.events(),
         trace_hash: cluster.sim.trace_hash(),
     })

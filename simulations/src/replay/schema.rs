@@ -113,7 +113,9 @@ pub struct Execution {
 /// `trainer.drain`, `trainer.reduce`, `trainer.update`,
 /// `memory.release_rollout`, `memory.release_training`,
 /// `memory.restore_rollout`, `memory.restore_training`, `engine.unload`,
-/// `engine.load`, `transfer.read`, `transfer.expose`, `transfer.publish`.
+/// `engine.load`, `engine.pin`, `engine.cancel`, `engine.release_kv`,
+/// `engine.set_weights`, `transfer.read`, `transfer.expose`,
+/// `transfer.publish`.
 pub const OP_KINDS: &[&str] = &[
     "trainer.warmup",
     "trainer.fwd_bwd",
@@ -126,6 +128,10 @@ pub const OP_KINDS: &[&str] = &[
     "memory.restore_training",
     "engine.unload",
     "engine.load",
+    "engine.pin",
+    "engine.cancel",
+    "engine.release_kv",
+    "engine.set_weights",
     "transfer.read",
     "transfer.expose",
     "transfer.publish",
@@ -134,7 +140,7 @@ pub const OP_KINDS: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Op {
-    /// `None` for the transfer engine.
+    /// `None` for the transfer engine and (`engine.*`) the pool's engine.
     pub cell: Option<u32>,
     pub op: String,
     pub start_ns: Nanos,
@@ -144,6 +150,15 @@ pub struct Op {
     pub step: Option<u64>,
     /// Tokens of a micro-step.
     pub tokens: Option<u64>,
+    /// How long the request waited at its backend before this operation
+    /// began (behind the one job in flight and those queued before it):
+    /// a serial backend's queueing, which `start_ns − queued_ns` is the
+    /// arrival of. Absent in records of older builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_ns: Option<Nanos>,
+    /// `engine.pin`: the executions whose blocks it pinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execs: Option<Vec<u64>>,
 }
 
 /// The role a cell changes to.
@@ -479,6 +494,8 @@ mod tests {
                 end_ns: 2,
                 step: Some(1),
                 tokens: None,
+                queued_ns: Some(0),
+                execs: None,
             }],
             switches: vec![Switch {
                 cell: 1,

@@ -29,9 +29,10 @@ use super::calls::{self, CallBook, PromptRead, Recorded};
 use super::ops::{self, CallKey, JobOut, Stepped, Submit, Submitted, WeightsOutcome};
 use super::record;
 use super::tap::{Tapping, TokenTap};
-use crate::embedded::journal::Journal;
+use crate::embedded::journal::{Journal, op_line};
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 use crate::embedded::work::Work;
+use gyre_simulations::replay::schema::Op;
 
 /// A control job is tried this many times when its I/O fails before it
 /// ran (injected faults, shutdown); then it is answered as best it can be.
@@ -97,6 +98,9 @@ enum Control {
 struct Queued {
     op: Control,
     tries: u32,
+    /// When the request arrived (a record's `queued_ns` is measured from
+    /// it).
+    at: Nanos,
 }
 
 /// The job in flight and what its completion needs to know.
@@ -346,20 +350,36 @@ impl EngineWorker {
         );
     }
 
-    /// An unload or load of a cell's engine, for the record.
-    fn journal_control(&self, running: &Running, now: Nanos) {
-        let (Some(j), EngineIx::Cell(cell)) = (&self.journal, self.ix) else {
+    /// A control operation of this engine, for the record: its kind, how
+    /// long it queued behind the jobs before it, and for a pin the
+    /// executions it pinned.
+    fn journal_control(&self, running: &Running, out: Option<&JobOut>, now: Nanos) {
+        let Some(j) = &self.journal else {
             return;
         };
-        let kind = match running {
-            Running::Control { q, .. } => match q.op {
-                Control::Unload { .. } => "engine.unload",
-                Control::Load { .. } => "engine.load",
-                _ => return,
-            },
-            Running::Step { .. } => return,
+        let Running::Control { q, .. } = running else {
+            return;
         };
-        j.op(Some(cell), kind, self.began, now, None, None);
+        let kind = match q.op {
+            Control::Pin { .. } => "engine.pin",
+            Control::Cancel { .. } => "engine.cancel",
+            Control::ReleaseKv { .. } => "engine.release_kv",
+            Control::Unload { .. } => "engine.unload",
+            Control::Load { .. } => "engine.load",
+            Control::SetWeights { .. } => "engine.set_weights",
+        };
+        let cell = match self.ix {
+            EngineIx::Cell(c) => Some(c),
+            EngineIx::Pool => None,
+        };
+        let execs = match out {
+            Some(JobOut::Pinned { pins, .. }) => Some(pins.iter().map(|p| p.exec.0).collect()),
+            _ => None,
+        };
+        j.op(Op {
+            execs,
+            ..op_line(cell, kind, q.at, self.began, now)
+        });
     }
 
     fn issue_step(&mut self, cx: &mut Cx<'_, Self>) {
@@ -578,7 +598,7 @@ impl EngineWorker {
                 for e in execs {
                     self.pins.remove(&e);
                 }
-                self.after_pins_released();
+                self.after_pins_released(cx.now());
             }
             (Control::Unload { reply_to }, JobOut::Unloaded { errors, .. }) => {
                 self.note_errors("unload", &errors);
@@ -593,7 +613,7 @@ impl EngineWorker {
                 self.cancel(&calls, cx);
                 self.pins.clear();
                 self.adopt.clear();
-                self.after_pins_released();
+                self.after_pins_released(cx.now());
                 cx.send(reply_to, EngineEvent::Unloaded);
             }
             (
@@ -637,13 +657,14 @@ impl EngineWorker {
         }
     }
 
-    fn after_pins_released(&mut self) {
+    fn after_pins_released(&mut self, now: Nanos) {
         if self.pins.is_empty()
             && let Some(version) = self.deferred.take()
         {
             self.controls.push_back(Queued {
                 op: Control::SetWeights { version },
                 tries: 0,
+                at: now,
             });
         }
     }
@@ -701,7 +722,11 @@ impl EngineWorker {
     }
 
     fn control(&mut self, op: Control, cx: &mut Cx<'_, Self>) {
-        self.controls.push_back(Queued { op, tries: 0 });
+        self.controls.push_back(Queued {
+            op,
+            tries: 0,
+            at: cx.now(),
+        });
         self.kick(cx);
     }
 }
@@ -762,7 +787,7 @@ impl Actor for EngineWorker {
                     self.stats.errors += 1;
                     return;
                 };
-                self.journal_control(&running, cx.now());
+                self.journal_control(&running, result.as_ref().ok(), cx.now());
                 match (running, result) {
                     (Running::Step { .. }, Ok(JobOut::Stepped(s))) => self.stepped(s, cx),
                     (Running::Control { q, calls }, Ok(out)) => self.controlled(q, calls, out, cx),
