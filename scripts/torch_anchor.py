@@ -12,11 +12,17 @@ QKV, GELU MLP, untied head) with a KV-cache sampling loop.
 Prints one JSON line: median seconds of generation with 1 and with 32
 concurrent requests (32-token prompts, 64 sampled tokens each, temperature
 1, full vocabulary: top_k 0, top_p 1, KV cache on) and of one training
-forward+backward over 8 rows of 128 tokens (ratio-weighted policy loss on
-the targets after the first 32 tokens, as Gyre's objective computes it).
+step over 8 rows of 128 tokens (forward+backward of the ratio-weighted
+policy loss on the targets after the first 32 tokens, as Gyre's objective
+computes it, then AdamW after clipping the gradient norm to 1, as Gyre's
+core updates), and the log-probs of the first row's targets under the
+initial weights (`logprobs`, compared with Gyre's by the shell script).
+PyTorch runs on as many threads as GYRE_THREADS says (default: every
+core, as Gyre's thread pools do).
 """
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -109,24 +115,41 @@ def generate(model, concurrent, rep):
     return s
 
 
-def train_step(model):
-    ids = torch.tensor(
+def train_ids():
+    return torch.tensor(
         [[(t * 31 + r * 7) % 256 for t in range(ROW_LEN)] for r in range(ROWS)],
         dtype=torch.long,
     )
+
+
+def target_logprobs(model, ids):
+    """log π of every token after the first, from the logits before it."""
+    out = model(ids)
+    logits = (out if isinstance(out, torch.Tensor) else out.logits)[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def first_row_logprobs(model):
+    """The first training row's target log-probs (positions 32..128)."""
+    with torch.no_grad():
+        return target_logprobs(model.eval(), train_ids()[:1])[0, PROMPT - 1 :].tolist()
+
+
+def train_step(model, opt):
+    ids = train_ids()
     adv = torch.tensor([1.0 if r % 2 == 0 else -1.0 for r in range(ROWS)]).unsqueeze(1)
     coef = 1.0 / (96.0 * ROWS)
     t = time.perf_counter()
-    out = model(ids)
-    logits = (out if isinstance(out, torch.Tensor) else out.logits)[:, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logp = target_logprobs(model, ids)
     mask = torch.zeros_like(logp)
     mask[:, PROMPT - 1 :] = 1.0
     ratio = torch.exp(logp - (-5.5))
     loss = -(coef * ratio * adv * mask).sum()
     loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
     s = time.perf_counter() - t
-    model.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=True)
     return s
 
 
@@ -134,17 +157,23 @@ def main():
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     reps = int(sys.argv[2]) if len(sys.argv) == 3 else 5
+    torch.set_num_threads(int(os.environ.get("GYRE_THREADS", os.cpu_count())))
     if sys.argv[1].endswith(".safetensors"):
         model, name = GyreModel(sys.argv[1]), "gyre"
     else:
         model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
         model.generation_config.eos_token_id = None
         name = "qwen3"
+    logprobs = first_row_logprobs(model)
+    # Gyre's core: the same hyper-parameters (gpu/examples/torch_anchor.rs).
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01
+    )
     one, many, train = [], [], []
     for rep in range(reps + 1):  # the first round warms up
         a = generate(model.eval(), 1, rep)
         b = generate(model, 32, rep)
-        c = train_step(model.train())
+        c = train_step(model.train(), opt)
         if rep > 0:
             one.append(a)
             many.append(b)
@@ -163,6 +192,7 @@ def main():
                 "generate_32_tokens": 32 * NEW_TOKENS,
                 "train_s": statistics.median(train),
                 "train_tokens": ROWS * ROW_LEN,
+                "logprobs": logprobs,
             }
         )
     )

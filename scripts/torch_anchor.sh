@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Gyre vs PyTorch on CPU, in the same run, on the same checkpoint (issue 13's
 # Measure): generation tokens/s with 1 and 32 concurrent requests, training
-# tokens/s of one forward+backward, for the tiny Qwen3 shape of
+# tokens/s of one step (forward+backward, then AdamW), for the tiny Qwen3 shape of
 # gpu/benches/policy.rs (in transformers) and Gyre's own default model (in
 # the script's PyTorch module of it). Rounds alternate Gyre and PyTorch so
 # both see the same machine load; the tables give medians over rounds and
-# Gyre/PyTorch ratios (above 1: Gyre is faster).
+# Gyre/PyTorch ratios (above 1: Gyre is faster). Both run on the same
+# number of threads (GYRE_THREADS, default the physical cores, which is
+# both libraries' default), and the summary checks they
+# compute the same function: the largest difference between Gyre's and
+# PyTorch's log-probs of one row's targets (must be within 1e-4).
 #
 #   TORCH_VENV=/tmp/torch-venv scripts/torch_anchor.sh [ROUNDS] [REPS]
 #
@@ -22,6 +26,8 @@ py=${TORCH_VENV:-/tmp/torch-venv}/bin/python
 dir=target/torch-anchor
 [ -x "$py" ] || { echo "no $py: see the comment at the top of $0" >&2; exit 1; }
 export CARGO_INCREMENTAL=0
+export GYRE_THREADS=${GYRE_THREADS:-$(lscpu -p=core,socket | grep -v '^#' | sort -u | wc -l)}
+export RAYON_NUM_THREADS=$GYRE_THREADS
 cargo build --release -q -p gyre-gpu --example torch_anchor
 gyre=target/release/examples/torch_anchor
 rm -rf "$dir" && "$gyre" write "$dir/ckpt"
@@ -40,13 +46,21 @@ def med(impl, model, key):
 torch_row = next(r for r in rows if r["impl"] == "torch")
 print(f"\n{len(rows)//4} rounds; torch {torch_row['torch']}, {torch_row['threads']} torch threads, "
       f"{rows[0]['threads']} cores")
+bad = False
+for model in ["qwen3", "gyre"]:
+    g = next(r for r in rows if r["impl"] == "gyre" and r["model"] == model)["logprobs"]
+    t = next(r for r in rows if r["impl"] == "torch" and r["model"] == model)["logprobs"]
+    diff = max(abs(a - b) for a, b in zip(g, t)) if len(g) == len(t) else float("inf")
+    print(f"{model}: {len(g)} target log-probs, max |Gyre - PyTorch| = {diff:.2e}")
+    bad |= not diff <= 1e-4
 print("| model | what | Gyre tokens/s | PyTorch tokens/s | Gyre / PyTorch |")
 print("|---|---|---:|---:|---:|")
 for model in ["qwen3", "gyre"]:
     for what, key in [("generation, 1 request x 64 tokens", "generate_1"),
                       ("generation, 32 concurrent x 64 tokens", "generate_32"),
-                      ("training fwd+bwd, 8 rows x 128 tokens", "train")]:
+                      ("training fwd+bwd+AdamW, 8 rows x 128 tokens", "train")]:
         toks = rows[0][key + "_tokens"]
         g, t = toks / med("gyre", model, key + "_s"), toks / med("torch", model, key + "_s")
         print(f"| {model} | {what} | {g:,.0f} | {t:,.0f} | {g / t:.2f} |")
+sys.exit("log-probs differ by more than 1e-4" if bad else 0)
 PY

@@ -6,6 +6,8 @@ use clap::Parser;
 use gyre::cli::{Cli, logging};
 
 fn main() -> Result<()> {
+    // First, while this is the only thread (see gyre_gpu::cpu).
+    gyre_gpu::cpu::settle();
     let cli = Cli::parse();
     logging::init(cli.log_format);
     gyre::cli::run(cli)

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use gyre_gpu::engine::{Engine, EngineConfig, MemTag, Request, SamplingParams};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
 use gyre_gpu::trainer::{Loss, MicroStep, TrainRow, Trainer};
@@ -127,4 +127,10 @@ fn memory(c: &mut Criterion) {
 }
 
 criterion_group!(benches, generation, training, memory);
-criterion_main!(benches);
+
+fn main() {
+    // Before criterion or candle start a thread (see gyre_gpu::cpu).
+    gyre_gpu::cpu::settle();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

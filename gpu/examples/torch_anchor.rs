@@ -14,8 +14,12 @@
 //!
 //! `bench` prints one JSON line: the median seconds of generation with 1
 //! and with 32 concurrent requests (32-token prompts, 64 sampled tokens
-//! each, temperature 1) and of one training forward+backward over 8 rows
-//! of 128 tokens (the policy objective), with the tokens each processed.
+//! each, temperature 1) and of one training step over 8 rows of 128
+//! tokens (forward+backward of the policy objective, then the core's
+//! clipped AdamW update), with the tokens each processed, and the
+//! teacher-forced log-probs of the first training row's targets under
+//! the initial weights (the script checks PyTorch computes the same
+//! function: `logprobs`).
 
 use std::path::Path;
 use std::time::Instant;
@@ -23,7 +27,7 @@ use std::time::Instant;
 use gyre_gpu::engine::{Engine, EngineConfig, Request, SamplingParams};
 use gyre_gpu::model::hf::{self, HfConfig, LoadOptions};
 use gyre_gpu::model::{ModelConfig, ParamBuffer, safetensors_io};
-use gyre_gpu::trainer::{Loss, MicroStep, TrainRow, Trainer};
+use gyre_gpu::trainer::{Loss, MicroStep, OptimConfig, TrainRow, Trainer};
 
 const PROMPT: usize = 32;
 const NEW_TOKENS: u32 = 64;
@@ -113,8 +117,17 @@ fn bench(path: &Path, reps: usize) -> Result<(), String> {
     let (model, params) = load(path)?;
     let cfg = EngineConfig::for_model(model.clone(), 32);
     let mut engine = Engine::new(cfg, &params).map_err(|e| e.to_string())?;
-    let mut trainer = Trainer::new(&model, &params).map_err(|e| e.to_string())?;
+    let optim = OptimConfig {
+        lr: 1e-4,
+        weight_decay: 0.01,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::core(&model, &params, optim).map_err(|e| e.to_string())?;
     let rows = train_rows();
+    let first = MicroStep::whole(&rows[..1]);
+    let logprobs = trainer
+        .token_logprobs(&rows[..1], &first)
+        .map_err(|e| e.to_string())?;
     let step = MicroStep::whole(&rows);
     let loss = Loss::Policy(Default::default());
     // One warm-up of each, then `reps` timed runs.
@@ -126,8 +139,9 @@ fn bench(path: &Path, reps: usize) -> Result<(), String> {
         trainer
             .accumulate(&rows, &step, &loss, None)
             .map_err(|e| e.to_string())?;
+        let grads = trainer.export_grads().map_err(|e| e.to_string())?;
+        trainer.apply(&grads).map_err(|e| e.to_string())?;
         let c = t.elapsed().as_secs_f64();
-        trainer.zero_grads().map_err(|e| e.to_string())?;
         if rep > 0 {
             one.push(a);
             many.push(b);
@@ -137,7 +151,7 @@ fn bench(path: &Path, reps: usize) -> Result<(), String> {
     let out = serde_json::json!({
         "impl": "gyre",
         "model": if model.arch.is_gyre() { "gyre" } else { "qwen3" },
-        "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "threads": candle_core::utils::get_num_threads(),
         "reps": reps,
         "generate_1_s": median(one),
         "generate_1_tokens": NEW_TOKENS,
@@ -145,12 +159,14 @@ fn bench(path: &Path, reps: usize) -> Result<(), String> {
         "generate_32_tokens": 32 * NEW_TOKENS,
         "train_s": median(train),
         "train_tokens": ROWS * ROW_LEN,
+        "logprobs": logprobs,
     });
     println!("{out}");
     Ok(())
 }
 
 fn main() {
+    gyre_gpu::cpu::settle();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["write", dir] => write(Path::new(dir)),

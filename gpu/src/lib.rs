@@ -13,6 +13,7 @@
 //! `cuda`). It depends on nothing of ours but the runtime.
 
 pub mod collective;
+pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod memory;

@@ -1,0 +1,44 @@
+//! Process-wide settings of the CPU tensor kernels, applied once at
+//! start-up by the programs that run the embedded model (the `gyre`
+//! binary, the policy bench, the PyTorch comparison).
+//!
+//! candle asks for its thread count on every matrix product, and unless
+//! `RAYON_NUM_THREADS` is set it works that count out again each time,
+//! which on Linux without a CPU mask means parsing `/proc/cpuinfo`: a
+//! quarter of a training step's time on the default model went to the
+//! kernel formatting that file. [`settle`] pins the count candle would
+//! compute to the environment, so the matrix products run on exactly the
+//! threads they ran on before without the lookup.
+//!
+//! candle also runs large elementwise maps on a second pool of its own
+//! (`CANDLE_NUM_THREADS`, one thread per core by default) beside rayon's
+//! (one per core, the matrix products'), and both spin after each task:
+//! on a few cores the two pools take turns starving each other, and a
+//! training step waited on that more than it computed (the default
+//! model's step went from about 2.9 s to 0.25 s on two cores). [`settle`]
+//! keeps elementwise maps on the calling thread. Both settings leave
+//! every result the same to the bit: an elementwise map computes each
+//! element the same way on any thread, and the products keep their
+//! thread count.
+
+/// Fixes the CPU kernels' threads for the rest of the process (see the
+/// module comment); `RAYON_NUM_THREADS` or `CANDLE_NUM_THREADS` already
+/// set are kept.
+///
+/// Call it first thing in `main`, before any thread starts: it writes the
+/// process environment, which is only sound while no other thread reads
+/// it.
+pub fn settle() {
+    let set = |name: &str, value: String| {
+        if std::env::var_os(name).is_none() {
+            // SAFETY: documented precondition: called before other threads
+            // exist, so nothing reads the environment concurrently.
+            unsafe { std::env::set_var(name, value) };
+        }
+    };
+    set(
+        "RAYON_NUM_THREADS",
+        candle_core::utils::get_num_threads().to_string(),
+    );
+    set("CANDLE_NUM_THREADS", "1".to_string());
+}
