@@ -213,20 +213,20 @@ fn a_node_agent_without_the_cluster_secret_is_refused() {
     );
 }
 
-/// Starts a run, waits until it has published `after` updates with every
-/// node agent started, and kill -9s node `victim`'s agent. Returns the
-/// head, its log so far, the reader and the agents' pids by node.
-fn kill_mid_run(
-    steps: &str,
-    victim: &str,
-    after: usize,
-) -> (
+/// A head whose node agent was killed: the head, its log receiver and
+/// reader, the log so far and the agents' pids by node.
+type KilledRun = (
     std::process::Child,
     mpsc::Receiver<String>,
     std::thread::JoinHandle<()>,
     Vec<String>,
     std::collections::BTreeMap<String, String>,
-) {
+);
+
+/// Starts a run, waits until it has published `after` updates with every
+/// node agent started, and kill -9s node `victim`'s agent. Returns the
+/// head, its log so far, the reader and the agents' pids by node.
+fn kill_mid_run(steps: &str, victim: &str, after: usize) -> KilledRun {
     let (head, rx, reader) = head_with_log(steps, &["--json"]);
     let mut pids = std::collections::BTreeMap::new();
     let mut published = 0;
