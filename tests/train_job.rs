@@ -247,7 +247,9 @@ fn an_overall_timeout_is_counted_its_process_group_killed_and_its_group_trains()
     // The first run to start never ends, in a child of its own: the whole
     // group must go. Its harness timeout equals the overall timeout, so
     // the plane's overall timer (started at dispatch, before the process)
-    // is what ends it.
+    // is what ends it. 45 s, not less: a dozen Python agents start at
+    // once, and on a loaded two-core CI machine each took over 15 s to
+    // finish, so a tighter budget timed out healthy runs too.
     let marker = format!("{}", 86_000_000 + std::process::id());
     let harness = d.join("harness.sh");
     write_exec(
@@ -269,12 +271,12 @@ fn an_overall_timeout_is_counted_its_process_group_killed_and_its_group_trains()
 dir = "{tasks}"
 [harness]
 command = ["{harness}"]
-timeout = "15s"
+timeout = "45s"
 kill_grace = "1s"
 [evaluator]
 command = ["python3", "{grade}", "{{workspace}}"]
 [run]
-overall_timeout = "15s"
+overall_timeout = "45s"
 log_dir = "logs"
 work_dir = "work"
 # φ = 0: the two steps of the one burst train exactly the four groups

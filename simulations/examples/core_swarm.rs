@@ -10,9 +10,7 @@
 use std::time::Instant;
 
 use gyre_runtime::sim::FaultPlan;
-use gyre_simulations::swarm::{
-    HORIZON, checkpoint_every, node_crashes, run_swarm_inspect, swarm_config,
-};
+use gyre_simulations::swarm::{HORIZON, node_crashes, run_swarm_inspect, swarm_config};
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -33,8 +31,7 @@ fn main() -> Result<(), String> {
     let started = Instant::now();
     let (mut failed, mut core_crashes, mut crashes) = (0u64, 0usize, 0usize);
     for seed in base..base.saturating_add(count) {
-        let mut cfg = swarm_config(seed);
-        cfg.sched.checkpoint_every = checkpoint_every(seed);
+        let cfg = swarm_config(seed);
         let core = gyre_actors::sched::plan::ClusterPlan::for_config(&cfg.sched).cells[0];
         let plan = FaultPlan::within(seed, HORIZON);
         let all = node_crashes(&cfg, &plan);

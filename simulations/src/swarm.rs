@@ -13,14 +13,16 @@
 //!
 //! Backend requests are resent every [`RETRY`] until answered (see
 //! `gyre_actors::sched::retry`). The plan's crashes are node crashes: each
-//! takes down the node of a cell other than the core, or the pool's, and
-//! restarts it with fresh backends after `lasts` (at the latest when the
-//! faults heal); the scheduler watches those nodes (`watch_nodes`), so a
-//! crash, and a partition between the scheduler's node and a cell's, is a
-//! lost node with its defined outcome (`scheduler::loss`). What a plan does
-//! not touch yet: the harness link (the harness is placed on the
-//! scheduler's node, its protocol having no acknowledgements), and the
-//! nodes of the core, the transfer engine and the evaluator backend.
+//! takes down the node of a cell, or the pool's, and restarts it with fresh
+//! backends after `lasts` (at the latest when the faults heal); the
+//! scheduler watches those nodes (`watch_nodes`), so a crash, and a
+//! partition between the scheduler's node and a cell's, is a lost node with
+//! its defined outcome (`scheduler::loss`). Three seeds in four checkpoint
+//! (every 1, 2 or 3 steps: [`checkpoint_every`]), and there the core's node
+//! (cell 0's) is crashable too: its loss is a restore (`core::restore`).
+//! What a plan does not touch yet: the harness link (the harness is placed
+//! on the scheduler's node, its protocol having no acknowledgements), and
+//! the nodes of the transfer engine and the evaluator backend.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -40,7 +42,8 @@ pub const HORIZON: Nanos = 600 * SECS;
 pub const RETRY: Nanos = SECS;
 
 /// The small cluster of `seed` made smaller (at most 3 cells, 2 pool
-/// slots, 2 calls per execution, 2 bursts), configured to resend.
+/// slots, 2 calls per execution, 2 bursts), configured to resend, with the
+/// seed's checkpoint interval.
 pub fn swarm_config(seed: u64) -> ClusterConfig {
     let mut cfg = small_config(seed);
     let full = cfg.clone();
@@ -62,6 +65,7 @@ pub fn swarm_config(seed: u64) -> ClusterConfig {
     }
     cfg.sched.retry = Some(RETRY);
     cfg.sched.watch_nodes = true;
+    cfg.sched.checkpoint_every = checkpoint_every(seed);
     cfg.restartable = true;
     cfg.harness_local = true;
     cfg

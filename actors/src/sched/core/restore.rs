@@ -198,8 +198,10 @@ impl Core {
             rec.kept = kept;
         }
         tracing::info!(epoch, version, kept, was = ?r.was, "core trainer restored");
-        if !kept {
-            // A new process: its communication groups are built again.
+        // A new process builds its communication groups again; so does
+        // one that kept its state when the loss forgot a build request
+        // still unanswered (building is idempotent).
+        if !kept || !self.groups_built {
             self.build_groups(cx);
         }
         let v = self.version;

@@ -184,8 +184,19 @@ impl Scheduler {
         if self.ledger.role(0) == Some(Role::Rollout) {
             self.lose(EngineIx::Cell(0), cx);
         } else {
-            // On the training side, its backends' state may be gone.
+            // On the training side, its backends' state may be gone. Its
+            // executions moved at the switch, but attempts the engine had
+            // not yet answered would be resent to it for ever, and a
+            // restarted engine serves them, mid-switch: the proxy gives
+            // them up and tries them again on their routes.
             cx.send(peers.cells[0], CellMsg::BackendsLost);
+            cx.send(
+                peers.proxy,
+                ProxyMsg::EngineLost {
+                    engine: EngineIx::Cell(0),
+                    moves: Vec::new(),
+                },
+            );
         }
         let had_group = !self.group.is_empty();
         for c in 1..self.cfg.cells {
