@@ -30,6 +30,7 @@ fn main() -> Result<(), String> {
     let count = num(1, 10_000)?;
     let started = Instant::now();
     let (mut failed, mut core_crashes, mut crashes) = (0u64, 0usize, 0usize);
+    let mut unservable = 0u64;
     for seed in base..base.saturating_add(count) {
         let cfg = swarm_config(seed);
         let core = gyre_actors::sched::plan::ClusterPlan::for_config(&cfg.sched).cells[0];
@@ -47,6 +48,7 @@ fn main() -> Result<(), String> {
         };
         match run_swarm_inspect(&cfg, plan, &mut show) {
             Ok(o) => {
+                unservable += o.unservable_timeouts;
                 if let Some(e) = o.error {
                     failed += 1;
                     println!("FAIL {seed}: {}", e.failure);
@@ -59,7 +61,7 @@ fn main() -> Result<(), String> {
         }
     }
     println!(
-        "{count} seeds from {base}: {failed} failed; {crashes} node crashes, {core_crashes} of the core's node; {:.1} s",
+        "{count} seeds from {base}: {failed} failed; {crashes} node crashes, {core_crashes} of the core's node; {unservable} calls timed out with no engine to serve them; {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(())

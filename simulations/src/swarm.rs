@@ -162,6 +162,9 @@ pub struct SwarmOutcome {
     /// from its heal to the next optimizer update (recovery, including
     /// whatever of the step was still to do).
     pub heal_to_step: Vec<Nanos>,
+    /// Harness calls that timed out while no engine could serve (C_R was 0
+    /// for the whole call timeout: the checker's excused timeouts).
+    pub unservable_timeouts: u64,
     /// `None`: every invariant held and the run finished. The error
     /// carries the seed, the settings and the `GYRE_SEED=` line.
     pub error: Option<Box<SimError>>,
@@ -247,6 +250,7 @@ pub fn run_swarm_inspect(
         events: 0,
         virtual_time: 0,
         heal_to_step: Vec::new(),
+        unservable_timeouts: 0,
         error: None,
     };
     // Phase 1, safety under faults.
@@ -290,6 +294,7 @@ pub fn run_swarm_inspect(
             }
         }
     }
+    outcome.unservable_timeouts = checker.borrow().excused_timeouts();
     let net = sim.stats();
     outcome.dropped = net.dropped_loss + net.dropped_partition;
     outcome.duplicated = net.duplicated;

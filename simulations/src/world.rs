@@ -136,8 +136,19 @@ impl SimBackends {
 }
 
 impl SimBackends {
+    fn memory(&self, cell: u32) -> SimMemory {
+        let memory = SimMemory::new(self.cfg.costs.memory.clone());
+        match &self.cfg.costs.replay {
+            Some(r) => memory.replaying(r.clone(), cell),
+            None => memory,
+        }
+    }
+
     fn trainer(&self, cell: u32) -> SimTrainer {
         let mut trainer = SimTrainer::new(self.cfg.costs.trainer.clone(), cell);
+        if let Some(r) = &self.cfg.costs.replay {
+            trainer = trainer.replaying(r.clone());
+        }
         if cell == 0 {
             trainer = trainer.with_disk(self.disk.clone());
         }
@@ -173,11 +184,10 @@ impl BackendFactory for SimBackends {
     type Error = ConfigError;
 
     fn cell(&mut self, cell: u32, slots: u32) -> Result<CellBackends<Self>, ConfigError> {
-        let costs = &self.cfg.costs;
         Ok(CellBackends {
             engine: self.engine(EngineIx::Cell(cell), slots),
             trainer: self.trainer(cell),
-            memory: SimMemory::new(costs.memory.clone()),
+            memory: self.memory(cell),
         })
     }
 
@@ -186,7 +196,11 @@ impl BackendFactory for SimBackends {
     }
 
     fn transfer(&mut self) -> Result<SimTransfer, ConfigError> {
-        Ok(SimTransfer::new(self.cfg.costs.transfer.clone()))
+        let transfer = SimTransfer::new(self.cfg.costs.transfer.clone());
+        Ok(match &self.cfg.costs.replay {
+            Some(r) => transfer.replaying(r.clone()),
+            None => transfer,
+        })
     }
 
     fn harness(&mut self) -> Result<SimHarness, ConfigError> {
@@ -215,7 +229,7 @@ impl BackendFactory for SimBackends {
         Some(CellRemakers {
             engine: Box::new(move || e.engine(EngineIx::Cell(cell), slots)),
             trainer: Box::new(move || t.rebuilt_trainer(cell)),
-            memory: Box::new(move || SimMemory::new(m.cfg.costs.memory.clone())),
+            memory: Box::new(move || m.memory(cell)),
         })
     }
 

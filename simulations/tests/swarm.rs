@@ -114,3 +114,17 @@ fn the_swarm_catches_an_engine_that_acks_weights_without_loading_them() {
     let (_, why) = found.expect("the swarm missed an engine serving an old version");
     assert!(why.contains("serves version"), "{why}");
 }
+
+/// Seed 113180 (found by a release scan of 300,000 seeds) keeps the pool's
+/// node, its cluster's only rollout engine (Async: the one cell trains),
+/// crashed or cut off for six minutes, longer than the harness's 300 s
+/// call timeout. No schedule can answer a call then; the harness giving up
+/// is the defined outcome, and the checker excuses exactly those timeouts
+/// (a timeout while any engine could serve still fails the run: see
+/// `the_swarm_catches_an_engine_that_never_answers_again`).
+#[test]
+fn a_call_no_engine_could_serve_times_out_as_defined() {
+    let outcome = run_swarm_seed(113_180).expect("the seed runs");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert!(outcome.unservable_timeouts > 0, "{outcome}");
+}

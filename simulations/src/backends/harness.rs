@@ -158,6 +158,11 @@ impl SimHarness {
         self.stats
     }
 
+    /// How long a call waits for its answer before the harness gives up.
+    pub fn call_timeout(&self) -> gyre_runtime::Nanos {
+        self.work.call_timeout
+    }
+
     /// Keeps the id of every call answered or abandoned, for the checker.
     pub fn tracking_calls(mut self) -> Self {
         self.track_calls = true;

@@ -6,6 +6,10 @@
 //! A repeated request (a resend, or the network's duplicate) does its work
 //! once: while the same operation is under way it is ignored, and once it
 //! is done the answer is given again at once.
+//!
+//! Replaying a record, the `n`-th release or restore of a role takes the
+//! recorded `n`-th one's time on the same cell
+//! ([`crate::replay::workload::TimedReplay`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,6 +17,8 @@ use gyre_actors::sched::proto::memory::{MemRole, MemoryEvent, MemoryReq};
 use gyre_runtime::{Actor, ActorId, Cx, Recipient};
 
 use crate::costs::MemoryCosts;
+use crate::replay::ReplayWorkload;
+use crate::replay::workload::{TimedOp, TimedReplay};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -29,6 +35,7 @@ pub struct SimMemory {
     next_op: u64,
     ops: BTreeMap<u64, (MemoryReq, Recipient<MemoryEvent>)>,
     stats: MemoryStats,
+    replay: Option<TimedReplay>,
 }
 
 impl SimMemory {
@@ -40,9 +47,16 @@ impl SimMemory {
             next_op: 0,
             ops: BTreeMap::new(),
             stats: MemoryStats::default(),
+            replay: None,
         };
         s.stats.peak = s.used();
         s
+    }
+
+    /// Prices operations as `cell`'s device memory did in `replay`.
+    pub fn replaying(mut self, replay: std::sync::Arc<ReplayWorkload>, cell: u32) -> Self {
+        self.replay = Some(TimedReplay::new(replay, Some(cell)));
+        self
     }
 
     pub fn stats(&self) -> MemoryStats {
@@ -62,6 +76,12 @@ impl SimMemory {
 
     fn used(&self) -> u64 {
         self.resident.iter().map(|r| self.bytes(*r)).sum()
+    }
+}
+
+fn role_of(req: &MemoryReq) -> MemRole {
+    match req {
+        MemoryReq::Release { role, .. } | MemoryReq::Restore { role, .. } => *role,
     }
 }
 
@@ -86,7 +106,7 @@ impl Actor for SimMemory {
             }
             _ => {}
         }
-        let (cost, reply_to) = match &msg {
+        let (drawn, reply_to) = match &msg {
             MemoryReq::Release { role, reply_to } => {
                 let span = match role {
                     MemRole::Training => self.costs.release_training.unwrap_or(self.costs.release),
@@ -117,6 +137,17 @@ impl Actor for SimMemory {
                 (span.draw(cx.rng()), *reply_to)
             }
         };
+        let kind = match (&msg, role_of(&msg)) {
+            (MemoryReq::Release { .. }, MemRole::Rollout) => TimedOp::ReleaseRollout,
+            (MemoryReq::Release { .. }, MemRole::Training) => TimedOp::ReleaseTraining,
+            (MemoryReq::Restore { .. }, MemRole::Rollout) => TimedOp::RestoreRollout,
+            (MemoryReq::Restore { .. }, MemRole::Training) => TimedOp::RestoreTraining,
+        };
+        let cost = self
+            .replay
+            .as_mut()
+            .and_then(|r| r.next(kind))
+            .unwrap_or(drawn);
         self.next_op += 1;
         self.ops.insert(self.next_op, (msg, reply_to));
         cx.set_timer(self.next_op, cost);

@@ -13,8 +13,15 @@
 //! ([`SimTrainer::fresh`]) it holds no state: it ignores every request
 //! until a `Restore` has it load the last durable checkpoint. A restore
 //! also forgets every answer given before it.
+//!
+//! Replaying a record, each warm-up, micro-step, drain, reduce and update
+//! takes the time its recorded counterpart took: the `n`-th of its kind in
+//! its step on this cell the recorded `n`-th
+//! ([`crate::replay::workload::TimedReplay::next_in`]); one the record's
+//! cell did not run costs the kind's mean (the costs).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use gyre_runtime::{Actor, ActorId, Cx, Nanos};
@@ -26,6 +33,8 @@ use super::answered::Answered;
 use super::disk::CheckpointDisk;
 
 use crate::costs::TrainerCosts;
+use crate::replay::ReplayWorkload;
+use crate::replay::workload::{TimedOp, TimedReplay};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TrainerStats {
@@ -77,6 +86,9 @@ pub struct SimTrainer {
     /// The version of the weights and optimizer state held; `None` for a
     /// rebuilt process that has not restored yet.
     state: Option<Version>,
+    cell: u32,
+    /// A record whose operations this trainer replays.
+    replay: Option<TimedReplay>,
 }
 
 impl SimTrainer {
@@ -99,7 +111,15 @@ impl SimTrainer {
             repeat_work: false,
             disk: None,
             state: Some(0),
+            cell,
+            replay: None,
         }
+    }
+
+    /// Prices operations as `replay` recorded them (see the module's note).
+    pub fn replaying(mut self, replay: Arc<ReplayWorkload>) -> Self {
+        self.replay = Some(TimedReplay::new(replay, Some(self.cell)));
+        self
     }
 
     /// The core's trainer: its checkpoints go to `disk`.
@@ -202,7 +222,21 @@ impl SimTrainer {
         }
         if let Some(req) = self.queue.front() {
             self.busy = true;
-            let cost = self.cost(req);
+            let kind = match req {
+                TrainerReq::Warmup { step, .. } => Some((TimedOp::Warmup, *step)),
+                TrainerReq::FwdBwd { mstep, .. } => Some((TimedOp::FwdBwd, mstep.step)),
+                TrainerReq::Drain { step, .. } => Some((TimedOp::Drain, *step)),
+                TrainerReq::Reduce { step, .. } => Some((TimedOp::Reduce, *step)),
+                TrainerReq::Update { step, .. } => Some((TimedOp::Update, *step)),
+                _ => None,
+            };
+            let mean = self.cost(req);
+            let replayed = self
+                .replay
+                .as_mut()
+                .zip(kind)
+                .and_then(|(r, (k, step))| r.next_in(k, step));
+            let cost = replayed.unwrap_or(mean);
             self.busy_since = cx.now();
             cx.set_timer((), cost);
         }

@@ -3,6 +3,9 @@
 //! It remembers when each publication finished: the burst boundaries of the
 //! lab's timeline. A repeated request is ignored while under way and
 //! answered again once done (see [`super::answered`]).
+//!
+//! Replaying a record, the `n`-th read, exposure or publication takes the
+//! recorded `n`-th one's time ([`crate::replay::workload::TimedReplay`]).
 
 use std::collections::BTreeMap;
 
@@ -13,6 +16,8 @@ use gyre_actors::sched::retry::ReqKey;
 
 use super::answered::Answered;
 use crate::costs::TransferCosts;
+use crate::replay::ReplayWorkload;
+use crate::replay::workload::{TimedOp, TimedReplay};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TransferStats {
@@ -33,6 +38,7 @@ pub struct SimTransfer {
     answered: Answered<TransferEvent>,
     /// `TransferCosts::serial`: operations waiting for the one in flight.
     queue: std::collections::VecDeque<(u64, Nanos)>,
+    replay: Option<TimedReplay>,
 }
 
 impl SimTransfer {
@@ -46,7 +52,14 @@ impl SimTransfer {
             published_at: Vec::new(),
             answered: Answered::default(),
             queue: std::collections::VecDeque::new(),
+            replay: None,
         }
+    }
+
+    /// Prices operations as the recorded transfer worker did.
+    pub fn replaying(mut self, replay: std::sync::Arc<ReplayWorkload>) -> Self {
+        self.replay = Some(TimedReplay::new(replay, None));
+        self
     }
 
     /// When each publication reached the rollout engines.
@@ -98,6 +111,16 @@ impl Actor for SimTransfer {
             }
             TransferReq::Publish { .. } => self.costs.publish.draw(cx.rng()),
         };
+        let kind = match &msg {
+            TransferReq::Expose { .. } => TimedOp::Expose,
+            TransferReq::Read { .. } => TimedOp::Read,
+            TransferReq::Publish { .. } => TimedOp::Publish,
+        };
+        let cost = self
+            .replay
+            .as_mut()
+            .and_then(|r| r.next(kind))
+            .unwrap_or(cost);
         self.next_op += 1;
         self.ops.insert(self.next_op, msg);
         if self.costs.serial {

@@ -1,7 +1,10 @@
 //! The cost model a record implies: the mean duration of each kind of
 //! backend operation it holds, as the fixed costs of the simulated
-//! backends. Model calls and evaluations are not averaged: the replayed
-//! workload carries each one's own time ([`super::ReplayWorkload`]).
+//! backends. They price only what the record does not hold one by one:
+//! model calls, evaluations, engine controls and every trainer,
+//! device-memory and transfer operation take their own recorded time
+//! ([`super::ReplayWorkload`]), and the means apply past the record (an
+//! operation the recorded run did not make).
 //!
 //! A kind the record never saw costs nothing (a run without role changes
 //! has no unload to price).

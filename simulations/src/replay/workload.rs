@@ -16,8 +16,18 @@
 //! of a kind after the recorded `n`-th one's time. A pin pins the
 //! executions the recorded one did (the embedded engine pins only calls it
 //! holds running, the simulated one whatever it has cached).
+//!
+//! And every trainer, device-memory and transfer operation in the order
+//! they ran, each with its own duration: on the live host a micro-step's
+//! time varies several-fold with the machine's load and its tokens, so the
+//! `n`-th operation of a kind on a cell's simulated backend (or the
+//! transfer engine's) takes the recorded `n`-th one's time rather than the
+//! mean. The queueing before it is not part of it: each simulated backend
+//! queues as the recorded one did (the trainers and the transfer worker
+//! run one operation at a time in both worlds).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId};
 use gyre_runtime::Nanos;
@@ -63,6 +73,44 @@ impl ControlKind {
     }
 }
 
+/// The trainer, device-memory and transfer operations a record prices one
+/// by one, each by its own duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TimedOp {
+    Warmup,
+    FwdBwd,
+    Drain,
+    Reduce,
+    Update,
+    ReleaseRollout,
+    ReleaseTraining,
+    RestoreRollout,
+    RestoreTraining,
+    Read,
+    Expose,
+    Publish,
+}
+
+impl TimedOp {
+    fn of(op: &str) -> Option<Self> {
+        Some(match op {
+            "trainer.warmup" => TimedOp::Warmup,
+            "trainer.fwd_bwd" => TimedOp::FwdBwd,
+            "trainer.drain" => TimedOp::Drain,
+            "trainer.reduce" => TimedOp::Reduce,
+            "trainer.update" => TimedOp::Update,
+            "memory.release_rollout" => TimedOp::ReleaseRollout,
+            "memory.release_training" => TimedOp::ReleaseTraining,
+            "memory.restore_rollout" => TimedOp::RestoreRollout,
+            "memory.restore_training" => TimedOp::RestoreTraining,
+            "transfer.read" => TimedOp::Read,
+            "transfer.expose" => TimedOp::Expose,
+            "transfer.publish" => TimedOp::Publish,
+            _ => return None,
+        })
+    }
+}
+
 /// One recorded control operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplayControl {
@@ -78,6 +126,11 @@ pub struct ReplayWorkload {
     index: FxHashMap<u64, usize>,
     /// By engine (`None`: the pool) and kind, in the order they ran.
     controls: BTreeMap<(Option<u32>, ControlKind), Vec<ReplayControl>>,
+    /// By cell (`None`: the transfer engine) and kind, each operation's
+    /// duration in the order they ran.
+    timed: BTreeMap<(Option<u32>, TimedOp), Vec<Nanos>>,
+    /// The same for operations of a step (the trainers'), by step.
+    by_step: BTreeMap<(Option<u32>, TimedOp, u64), Vec<Nanos>>,
 }
 
 impl ReplayWorkload {
@@ -119,7 +172,17 @@ impl ReplayWorkload {
         let mut controls: BTreeMap<_, Vec<ReplayControl>> = BTreeMap::new();
         let mut ops: Vec<_> = rec.ops.iter().collect();
         ops.sort_by_key(|o| (o.start_ns, o.end_ns));
+        let mut timed: BTreeMap<_, Vec<Nanos>> = BTreeMap::new();
+        let mut by_step: BTreeMap<_, Vec<Nanos>> = BTreeMap::new();
         for o in ops {
+            if let Some(kind) = TimedOp::of(&o.op) {
+                let took = o.end_ns - o.start_ns;
+                timed.entry((o.cell, kind)).or_default().push(took);
+                if let Some(step) = o.step {
+                    by_step.entry((o.cell, kind, step)).or_default().push(took);
+                }
+                continue;
+            }
             // Only a record that says how long it queued prices it.
             let (Some(kind), Some(queued)) = (ControlKind::of(&o.op), o.queued_ns) else {
                 continue;
@@ -136,7 +199,27 @@ impl ReplayWorkload {
             execs,
             index,
             controls,
+            timed,
+            by_step,
         })
+    }
+
+    /// The duration of the `nth` (from 0) recorded operation of `kind` on
+    /// `cell`'s backend (`None`: the transfer engine's).
+    pub fn timed(&self, cell: Option<u32>, kind: TimedOp, nth: usize) -> Option<Nanos> {
+        self.timed.get(&(cell, kind))?.get(nth).copied()
+    }
+
+    /// The duration of the `nth` recorded operation of `kind` of `step` on
+    /// `cell`'s backend.
+    pub fn timed_in(
+        &self,
+        cell: Option<u32>,
+        kind: TimedOp,
+        step: u64,
+        nth: usize,
+    ) -> Option<Nanos> {
+        self.by_step.get(&(cell, kind, step))?.get(nth).copied()
     }
 
     /// The `nth` (from 0) recorded control of `kind` on `engine`.
@@ -174,5 +257,123 @@ impl ReplayWorkload {
 
     pub fn is_empty(&self) -> bool {
         self.execs.is_empty()
+    }
+}
+
+/// One simulated backend's place in a record's timed operations: how many
+/// of each kind it has begun.
+#[derive(Debug, Clone)]
+pub struct TimedReplay {
+    replay: Arc<ReplayWorkload>,
+    cell: Option<u32>,
+    begun: BTreeMap<TimedOp, usize>,
+    begun_in: BTreeMap<(TimedOp, u64), usize>,
+}
+
+impl TimedReplay {
+    /// The backend of `cell` (`None`: the transfer engine).
+    pub fn new(replay: Arc<ReplayWorkload>, cell: Option<u32>) -> Self {
+        Self {
+            replay,
+            cell,
+            begun: BTreeMap::new(),
+            begun_in: BTreeMap::new(),
+        }
+    }
+
+    /// The recorded time of the next operation of `kind` in `step`
+    /// (counted begun): the `n`-th of the step the recorded `n`-th of that
+    /// step on this cell, so a replay whose schedule drifted from the
+    /// record's (a satellite that joined one step earlier) still prices
+    /// each step's work as it was. `None` if the record's cell did not
+    /// run that many of the step.
+    pub fn next_in(&mut self, kind: TimedOp, step: u64) -> Option<Nanos> {
+        let nth = self.begun_in.entry((kind, step)).or_default();
+        let took = self.replay.timed_in(self.cell, kind, step, *nth);
+        *nth += 1;
+        took
+    }
+
+    /// The recorded time of the next operation of `kind` (counted begun);
+    /// `None` past the record's last one.
+    pub fn next(&mut self, kind: TimedOp) -> Option<Nanos> {
+        let nth = self.begun.entry(kind).or_default();
+        let took = self.replay.timed(self.cell, kind, *nth);
+        *nth += 1;
+        took
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::schema::{Execution, Header, Op, SCHEMA_VERSION};
+    use gyre_actors::sched::SchedConfig;
+
+    fn op(cell: Option<u32>, name: &str, start: Nanos, took: Nanos, step: Option<u64>) -> Op {
+        Op {
+            cell,
+            op: name.into(),
+            start_ns: start,
+            end_ns: start + took,
+            step,
+            tokens: None,
+            queued_ns: Some(0),
+            execs: None,
+        }
+    }
+
+    fn recording(ops: Vec<Op>) -> Recording {
+        Recording {
+            header: Header {
+                schema: SCHEMA_VERSION,
+                host: "live".into(),
+                seed: 1,
+                sched: SchedConfig::default(),
+                link_ns: 1,
+                local_link_ns: 1,
+            },
+            executions: vec![Execution {
+                exec: 0,
+                group: 0,
+                dispatch_ns: None,
+                start_ns: 0,
+                end_ns: None,
+                outcome: None,
+                calls: Vec::new(),
+                eval: Vec::new(),
+            }],
+            ops,
+            switches: Vec::new(),
+            steps: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_step_prices_its_own_operations_in_their_order() {
+        let rec = recording(vec![
+            // Out of order in the file: read in the order they ran.
+            op(Some(0), "trainer.fwd_bwd", 20, 7, Some(0)),
+            op(Some(0), "trainer.fwd_bwd", 10, 5, Some(0)),
+            op(Some(1), "trainer.fwd_bwd", 12, 9, Some(0)),
+            op(Some(0), "trainer.fwd_bwd", 40, 3, Some(1)),
+            op(None, "transfer.read", 15, 2, None),
+            op(None, "transfer.read", 30, 4, None),
+        ]);
+        let w = Arc::new(ReplayWorkload::from_recording(&rec).expect("a workload"));
+        let mut cell0 = TimedReplay::new(w.clone(), Some(0));
+        // Step 1 first: a replay whose cell 0 ran step 0's second
+        // micro-step elsewhere still prices step 1's as recorded.
+        assert_eq!(cell0.next_in(TimedOp::FwdBwd, 1), Some(3));
+        assert_eq!(cell0.next_in(TimedOp::FwdBwd, 0), Some(5));
+        assert_eq!(cell0.next_in(TimedOp::FwdBwd, 0), Some(7));
+        assert_eq!(cell0.next_in(TimedOp::FwdBwd, 0), None, "past the record");
+        let mut cell1 = TimedReplay::new(w.clone(), Some(1));
+        assert_eq!(cell1.next_in(TimedOp::FwdBwd, 0), Some(9));
+        assert_eq!(cell1.next_in(TimedOp::FwdBwd, 1), None, "cell 1 ran none");
+        let mut transfer = TimedReplay::new(w, None);
+        assert_eq!(transfer.next(TimedOp::Read), Some(2));
+        assert_eq!(transfer.next(TimedOp::Read), Some(4));
+        assert_eq!(transfer.next(TimedOp::Read), None);
     }
 }
