@@ -209,7 +209,10 @@ impl SimHarness {
             }
             Source::Replay(r) => {
                 let call = CallId { exec, seq: run.seq };
-                r.call(call).map_or(0, |c| c.gap)
+                let gap = r.call(call).map_or(0, |c| c.gap);
+                // Nothing ran before the recorded run had started up.
+                let up = r.first_start().saturating_sub(cx.now());
+                if run.seq == 0 { gap.max(up) } else { gap }
             }
         };
         let t = match run.deadline {
