@@ -128,3 +128,17 @@ fn a_call_no_engine_could_serve_times_out_as_defined() {
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
     assert!(outcome.unservable_timeouts > 0, "{outcome}");
 }
+
+/// Seed 1,119,124 (a release scan of seeds 900,000..1,200,000): cell 1 was
+/// lost while it read a KV prefix cell 0 handed it, rejoined, and was
+/// handed the same execution again by cell 0's next switch. Its outbox
+/// keyed both reads by the execution alone, so the earlier read's late
+/// answer acknowledged the new one: cell 0 got a `TakenOver` of the old
+/// switch (a protocol breach) and waited for the new one for ever. Reads
+/// are now keyed by switch and execution, and a late acknowledgement of an
+/// earlier switch is counted (`CellStats::late_takeovers`) and ignored.
+#[test]
+fn a_hand_over_read_again_after_a_rejoin_is_not_taken_for_the_next() {
+    let outcome = run_swarm_seed(1_119_124).expect("the seed runs");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+}

@@ -20,7 +20,7 @@ use rustc_hash::FxHashMap;
 
 use gyre_runtime::{Actor, Cx, Nanos};
 
-use crate::sched::ids::{CallId, ExecId, MicroStepId, Step, Version};
+use crate::sched::ids::{CallId, ExecId, MicroStepId, Step, SwitchId, Version};
 use crate::sched::proto::Port;
 use crate::sched::proto::engine::{CallEvent, EngineEvent, EngineReq};
 use crate::sched::proto::evaluator::{EvalEvent, EvalReq};
@@ -39,8 +39,10 @@ pub enum ReqKey {
     SetWeights(Version),
     Release(MemRole),
     Restore(MemRole),
-    /// A KV read of one execution's prefix.
-    ReadKv(ExecId),
+    /// A KV read of one execution's prefix, for one switch's hand-over
+    /// (an execution can be handed over again by a later switch while a
+    /// rejoined destination still resends the earlier read).
+    ReadKv(SwitchId, ExecId),
     /// The read of the core's weights before training a step.
     ReadSnapshot(Step),
     Warmup(Step),
@@ -149,7 +151,7 @@ impl Resend {
 
 fn read_key(tag: &ReadTag) -> ReqKey {
     match tag {
-        ReadTag::Kv { exec, .. } => ReqKey::ReadKv(*exec),
+        ReadTag::Kv { switch, exec, .. } => ReqKey::ReadKv(*switch, *exec),
         ReadTag::Snapshot { step, .. } => ReqKey::ReadSnapshot(*step),
     }
 }

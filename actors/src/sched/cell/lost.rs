@@ -40,7 +40,7 @@ impl Cell {
         // Reads of another cell's KV hand-over go to the transfer engine,
         // not this node, and their source waits for the acknowledgement.
         for key in self.outbox.pending() {
-            if !matches!(key, ReqKey::ReadKv(_)) {
+            if !matches!(key, ReqKey::ReadKv(..)) {
                 self.outbox.forget(&key);
             }
         }
