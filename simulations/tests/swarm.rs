@@ -135,8 +135,7 @@ fn a_call_no_engine_could_serve_times_out_as_defined() {
 /// keyed both reads by the execution alone, so the earlier read's late
 /// answer acknowledged the new one: cell 0 got a `TakenOver` of the old
 /// switch (a protocol breach) and waited for the new one for ever. Reads
-/// are now keyed by switch and execution, and a late acknowledgement of an
-/// earlier switch is counted (`CellStats::late_takeovers`) and ignored.
+/// are now keyed by switch and execution.
 #[test]
 fn a_hand_over_read_again_after_a_rejoin_is_not_taken_for_the_next() {
     let outcome = run_swarm_seed(1_119_124).expect("the seed runs");

@@ -48,7 +48,6 @@ impl Cell {
             return self.unexpected("switch");
         }
         self.stats.to_training += 1;
-        self.drained_as = Some(switch);
         self.phase = Phase::Draining(Drain {
             switch,
             moves,

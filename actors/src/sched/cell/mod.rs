@@ -122,9 +122,6 @@ pub struct CellStats {
     /// arrived afterwards and were ignored.
     pub losses: u64,
     pub stale_after_loss: u64,
-    /// Hand-over acknowledgements of an earlier switch than the cell's
-    /// latest drain: late copies, ignored (see `Cell::drained_as`).
-    pub late_takeovers: u64,
 }
 
 #[derive(Debug)]
@@ -151,12 +148,6 @@ pub struct Cell {
     /// The switch id of the latest rejoin: hand-over steps of an earlier
     /// switch belong to an abandoned phase.
     rejoined_as: Option<SwitchId>,
-    /// The switch of the latest drain begun. A drain unloads only once
-    /// every hand-over of it was acknowledged, so an acknowledgement
-    /// (`TakenOver`) naming an earlier switch is a late copy of one already
-    /// counted (a destination that rejoined answered its resent read
-    /// again).
-    drained_as: Option<SwitchId>,
     stats: CellStats,
 }
 
@@ -184,7 +175,6 @@ impl Cell {
             abandoned: None,
             aborted: None,
             rejoined_as: None,
-            drained_as: None,
             stats: CellStats::default(),
         }
     }
@@ -290,9 +280,6 @@ impl Actor for Cell {
                 if self.rejoined_as > Some(switch) =>
             {
                 self.stats.stale_after_loss += 1;
-            }
-            CellMsg::TakenOver { switch, .. } if self.drained_as > Some(switch) => {
-                self.stats.late_takeovers += 1;
             }
             CellMsg::Switch { switch, moves } => self.on_switch(switch, moves, cx),
             CellMsg::RoutesMoved { switch } => self.on_routes_moved(switch, cx),
