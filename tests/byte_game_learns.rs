@@ -14,6 +14,7 @@
 //! (see the test). Each seed takes 4–5 minutes in a debug build on two
 //! cores.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -87,7 +88,9 @@ fn learns(seed: u64) -> (bool, String) {
         n("gateway_calls"),
         n("calls_without_record"),
     );
-    eprintln!("{summary}");
+    // Straight to the process's stderr, which the test harness does not
+    // capture: CI logs show every run's figures, on a pass too.
+    let _ = writeln!(std::io::stderr(), "{summary}");
     assert_eq!(n("steps"), 40, "{summary}");
     for k in [
         "role_changes",
