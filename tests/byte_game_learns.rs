@@ -117,7 +117,7 @@ fn learns(seed: u64) -> (bool, String) {
 /// Two seeds must rise 3×: seeds 1 and 2, and seed 3 only if one of
 /// them did not (so at most three runs, and two below 3× fail at once).
 /// A real-time run's rise spreads widely (README, byte game, "Session
-/// 11": 2.2–14.4× for the shipped job, one run in eleven below 3×), so a
+/// 11": 2.2–14.4× for the shipped job, one of twelve runs below 3×), so a
 /// third seed stands in for one low run; every other assertion holds for
 /// every run. The seeds run one after the other: two real-time runs
 /// sharing two cores learn less per step.
