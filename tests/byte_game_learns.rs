@@ -11,7 +11,7 @@
 //! The live host runs in real time, so the figures vary from run to run:
 //! 2.2–14.4× measured at the job's lr 0.02 against the 3× asked (README,
 //! byte game, "Session 11"), so two seeds of at most three must rise 3×
-//! (see the test). Each seed takes 4–5 minutes in a debug build on two
+//! (see the test). Each seed takes 4–6 minutes in a debug build on two
 //! cores.
 
 use std::io::Write;
