@@ -226,8 +226,11 @@ type KilledRun = (
 /// Starts a run, waits until it has published `after` updates with every
 /// node agent started, and kill -9s node `victim`'s agent. Returns the
 /// head, its log so far, the reader and the agents' pids by node.
-fn kill_mid_run(steps: &str, victim: &str, after: usize) -> KilledRun {
-    let (head, rx, reader) = head_with_log(steps, &["--json"]);
+fn kill_mid_run(steps: &str, victim: &str, after: usize, extra: &[&str]) -> KilledRun {
+    let args: Vec<&str> = std::iter::once("--json")
+        .chain(extra.iter().copied())
+        .collect();
+    let (head, rx, reader) = head_with_log(steps, &args);
     let mut pids = std::collections::BTreeMap::new();
     let mut published = 0;
     let mut log = Vec::new();
@@ -271,7 +274,7 @@ fn finish(
 fn a_killed_rollout_node_costs_capacity_and_the_run_finishes() {
     // The pool's agent (node 5) serves rollouts only: its loss moves its
     // executions' calls to the cells and the run trains every step.
-    let (head, rx, reader, log, pids) = kill_mid_run("12", "5", 2);
+    let (head, rx, reader, log, pids) = kill_mid_run("12", "5", 2, &["--node-restarts", "0"]);
     let (status, text, stdout) = finish(head, &rx, reader, log);
     assert!(
         status.success(),
@@ -279,12 +282,7 @@ fn a_killed_rollout_node_costs_capacity_and_the_run_finishes() {
     );
     let report: serde_json::Value = serde_json::from_slice(&stdout).expect("a JSON report");
     assert_eq!(report["steps"], 12, "every step trained");
-    let versions: Vec<u64> = report["updates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["version"].as_u64().unwrap())
-        .collect();
+    let versions = versions(&report);
     assert_eq!(
         versions,
         (1..=12).collect::<Vec<u64>>(),
@@ -295,6 +293,11 @@ fn a_killed_rollout_node_costs_capacity_and_the_run_finishes() {
     assert_eq!(losses[0]["node"], 5);
     assert_eq!(losses[0]["roles"][0], "pool");
     assert!(losses[0]["after_steps"].as_u64().unwrap() >= 2);
+    assert_eq!(
+        losses[0]["restarts"], 0,
+        "--node-restarts 0: not started again"
+    );
+    assert!(losses[0]["back_at_secs"].is_null());
     assert!(
         text.contains("node lost"),
         "the scheduler took the node out of the ledger:\n{text}"
@@ -307,19 +310,77 @@ fn a_killed_rollout_node_costs_capacity_and_the_run_finishes() {
     }
 }
 
+fn versions(report: &serde_json::Value) -> Vec<u64> {
+    report["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect()
+}
+
+/// Every pid a "node agent started" line of `text` names.
+fn started_pids(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter(|l| l.contains("node agent started"))
+        .filter_map(|l| Some((field(l, "node")?, field(l, "pid")?)))
+        .collect()
+}
+
 #[test]
-fn a_killed_cell_node_mid_run_is_survived_whatever_its_role() {
+fn a_killed_cell_node_mid_run_is_restarted_and_rejoins_whatever_its_role() {
     // Cell 1 is in rollout or training (a satellite) when it dies: either
-    // way the run trains every step on what is left.
-    let (head, rx, reader, log, pids) = kill_mid_run("12", "11", 3);
+    // way the run trains on what is left, the launcher starts its agent
+    // again, and the node rejoins the run: its new process loads the
+    // published weights and serves or trains again.
+    let (head, rx, reader, log, pids) = kill_mid_run("40", "11", 3, &[]);
     let (status, text, stdout) = finish(head, &rx, reader, log);
     assert!(status.success(), "the run survives cell 1's loss:\n{text}");
     let report: serde_json::Value = serde_json::from_slice(&stdout).expect("a JSON report");
-    assert_eq!(report["steps"], 12, "every step trained");
+    assert_eq!(report["steps"], 40, "every step trained");
+    let versions = versions(&report);
+    assert_eq!(
+        versions,
+        (1..=40).collect::<Vec<u64>>(),
+        "one update per step"
+    );
     let losses = report["node_losses"].as_array().expect("node_losses");
     assert_eq!(losses.len(), 1, "{losses:?}");
     assert_eq!(losses[0]["node"], 11);
-    for pid in pids.values() {
+    assert_eq!(losses[0]["restarts"], 1, "{losses:?}");
+    let (lost, back) = (
+        losses[0]["at_secs"].as_f64().unwrap(),
+        losses[0]["back_at_secs"]
+            .as_f64()
+            .expect("cell 1 came back"),
+    );
+    assert!(back > lost, "{losses:?}");
+    assert!(
+        text.contains("node rejoined engine=cell1"),
+        "the scheduler put cell 1 back into rollout:\n{text}"
+    );
+    let proc11 = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["node"] == 11)
+        .expect("node 11 in the report");
+    assert_ne!(
+        proc11["agent_pid"].to_string(),
+        pids["11"],
+        "the report names the restarted agent"
+    );
+    assert!(
+        proc11["bytes_moved"]["weights"].as_u64().unwrap() > 0,
+        "the restarted agent loaded weights from the core: {proc11}"
+    );
+    let started = started_pids(&text);
+    assert_eq!(
+        started.iter().filter(|(n, _)| n == "11").count(),
+        2,
+        "node 11's agent started twice: {started:?}"
+    );
+    for (_, pid) in started {
         assert!(
             gone(pid.parse().unwrap()),
             "node agent {pid} outlived the head"
@@ -329,7 +390,7 @@ fn a_killed_cell_node_mid_run_is_survived_whatever_its_role() {
 
 #[test]
 fn a_killed_core_node_fails_the_run_naming_it() {
-    let (head, rx, reader, log, pids) = kill_mid_run("40", "10", 1);
+    let (head, rx, reader, log, pids) = kill_mid_run("40", "10", 1, &[]);
     let (status, text, _) = finish(head, &rx, reader, log);
     assert!(!status.success(), "the core's loss fails the run");
     assert!(

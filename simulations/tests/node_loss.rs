@@ -189,3 +189,64 @@ fn a_satellite_dies_mid_batch_and_its_micro_steps_are_trained_once_by_the_surviv
         core.log().violations
     );
 }
+
+/// The live cluster's way back (`rejoin_notices`, no resend timer): a lost
+/// node's cells wait, however long, until the host says the node runs
+/// again (`SchedMsg::NodeBack`, sent by the head once the launcher's
+/// restarted agent has rebuilt its backends); then they resend their
+/// return to rollout there once, and the cell serves again.
+#[test]
+fn without_resends_a_lost_node_rejoins_when_its_host_says_it_is_back() {
+    let mut cfg = ClusterConfig::new(
+        SchedConfig {
+            cells: 3,
+            cell_capacity: 4,
+            pool_capacity: 4,
+            target_steps: 4,
+            watch_nodes: true,
+            rejoin_notices: true,
+            retry: None,
+            ..SchedConfig::default()
+        },
+        7,
+    );
+    cfg.restartable = true;
+    let mut cluster = checked(&cfg);
+    let node = NodeId(12);
+    let serving = run_until(&mut cluster, |c| {
+        sched(c).ledger().role(2) == Some(Role::Rollout) && !sched(c).log().bursts.is_empty()
+    });
+    assert!(serving, "cell 2 never served after a burst");
+    cluster.sim.crash_node(node);
+    cluster
+        .sim
+        .run_until(cluster.sim.now() + 10 * SECS)
+        .expect("invariants hold");
+    cluster.sim.restart_node(node);
+    // Restarted, but nothing finds it: no resend timer, no notice yet.
+    cluster
+        .sim
+        .run_until(cluster.sim.now() + 60 * SECS)
+        .expect("invariants hold");
+    assert_eq!(sched(&cluster).ledger().role(2), Some(Role::Lost));
+    assert!(sched(&cluster).log().losses[0].rejoined_at.is_none());
+    let from = cluster.sched.id();
+    cluster.sim.inject(
+        from,
+        cluster.sched,
+        gyre_actors::sched::scheduler::SchedMsg::NodeBack { node },
+    );
+    finish(&mut cluster);
+    let s = sched(&cluster);
+    assert!(
+        s.log().losses[0].rejoined_at.is_some(),
+        "{:?}",
+        s.log().losses
+    );
+    assert_eq!(s.ledger().role(2), Some(Role::Rollout));
+    let cell = cluster
+        .sim
+        .actor(s.peers().expect("peers").cells[2])
+        .expect("cell 2");
+    assert_eq!(cell.stats().losses, 1, "{:?}", cell.stats());
+}

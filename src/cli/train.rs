@@ -88,6 +88,11 @@ pub struct TrainArgs {
     /// argument with `slurm-batch`), repeatable.
     #[arg(long)]
     pub srun_arg: Vec<String>,
+    /// With `--cluster local|slurm`: how many times a lost node agent
+    /// (not the core's) is started again, per node, after its process
+    /// ended; the node rejoins the run. 0: it stays lost.
+    #[arg(long, default_value_t = 3)]
+    pub node_restarts: u32,
     /// Put the gateway in front, listening here (`127.0.0.1:0`: a free
     /// port): every execution is an external harness process
     /// (`--harness-cmd`) that reaches the policy only over HTTP. Runs on
@@ -448,6 +453,7 @@ fn cluster_options(spec: &str, args: &TrainArgs) -> Result<ClusterOptions> {
     opts.processes = n;
     opts.listen = args.cluster_listen;
     opts.stall = LIVE_STALL;
+    opts.restarts = args.node_restarts;
     Ok(opts)
 }
 

@@ -51,6 +51,9 @@ pub enum LauncherMsg {
     Node(NodeEvent),
     /// From the head: the run is over; exits from now on are expected.
     Stopping,
+    /// From the head: start `node`'s agent again (its process ended
+    /// mid-run). Its next loss is reported like the first.
+    Restart { node: NodeId },
     Launched {
         node: NodeId,
         result: Result<u32, String>,
@@ -121,6 +124,20 @@ impl Launcher {
         }
     }
 
+    fn launch(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
+        let Some(spec) = self.specs.get(&node) else {
+            return;
+        };
+        let req = LaunchNode {
+            placement: self.placement.clone(),
+            spec: spec.clone(),
+        };
+        cx.io(req, move |r| LauncherMsg::Launched {
+            node,
+            result: r.map_err(|e| e.to_string()),
+        });
+    }
+
     fn label(&self, node: NodeId) -> String {
         self.specs
             .get(&node)
@@ -133,16 +150,9 @@ impl Actor for Launcher {
     type Timer = ();
 
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
-        for spec in self.specs.values() {
-            let node = spec.node;
-            let req = LaunchNode {
-                placement: self.placement.clone(),
-                spec: spec.clone(),
-            };
-            cx.io(req, move |r| LauncherMsg::Launched {
-                node,
-                result: r.map_err(|e| e.to_string()),
-            });
+        let nodes: Vec<NodeId> = self.specs.keys().copied().collect();
+        for node in nodes {
+            self.launch(node, cx);
         }
     }
 
@@ -155,6 +165,11 @@ impl Actor for Launcher {
                 cx.send(self.head, ClusterEvent::Node(event));
             }
             LauncherMsg::Stopping => self.stopping = true,
+            LauncherMsg::Restart { node } if !self.stopping => {
+                self.reported.remove(&node);
+                self.launch(node, cx);
+            }
+            LauncherMsg::Restart { .. } => {}
             LauncherMsg::Launched { node, result } => match result {
                 Ok(pid) => {
                     cx.send(self.head, ClusterEvent::Started { node, pid });

@@ -159,6 +159,25 @@ pub fn run_node(opts: NodeOptions) -> Result<(), NodeError> {
                     live.send(from, launcher, NodeEvent::Moved { node, bytes })
                         .await?;
                 }
+                NodeCmd::PeerBack { node: peer, transfer } => {
+                    let p = plane.clone();
+                    let done = tokio::task::spawn_blocking(move || p.reconnect(peer, transfer))
+                        .await
+                        .map_err(|e| e.to_string())
+                        .and_then(|r| r.map_err(|e| e.to_string()));
+                    // Unanswered, the head never tells the scheduler the
+                    // peer is back: a failure is logged, and the head's
+                    // stall timeout names the run stuck.
+                    match done {
+                        Ok(()) => {
+                            live.send(from, launcher, NodeEvent::PeerBack { node, peer })
+                                .await?;
+                        }
+                        Err(error) => {
+                            tracing::error!(node = node.0, peer = peer.0, %error, "could not reconnect to a restarted peer");
+                        }
+                    }
+                }
                 NodeCmd::Stop => break,
                 NodeCmd::HeadLost => {
                     outcome = Err(NodeError::HeadLost);

@@ -55,6 +55,12 @@ pub trait Placement: Send + Sync + 'static {
     fn wait(&self, node: NodeId) -> Result<String, String>;
     /// Kills every node process still running.
     fn stop_all(&self);
+    /// Whether `launch` may start a node again after its process ended
+    /// (a lost node agent restarted). The managed backends start every
+    /// agent in one submission and cannot.
+    fn restarts(&self) -> bool {
+        false
+    }
 }
 
 /// How node-agent processes are started.
@@ -189,6 +195,10 @@ impl Placement for Processes {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    fn restarts(&self) -> bool {
+        true
     }
 
     fn stop_all(&self) {

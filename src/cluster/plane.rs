@@ -108,6 +108,14 @@ const KEEP_WEIGHTS: usize = 4;
 /// Bits of a blob id below its owner's node id.
 const BLOB_OWNER_SHIFT: u32 = 40;
 
+/// The links to each peer: two connections.
+fn link_options() -> TcpOptions {
+    TcpOptions {
+        connections: 2,
+        ..TcpOptions::default()
+    }
+}
+
 /// One process's side of the plane.
 pub struct Plane {
     me: NodeId,
@@ -137,6 +145,8 @@ pub struct Plane {
     /// Puts waiting for their home's answer, by ticket.
     homing: Mutex<BTreeMap<u64, std::sync::mpsc::Sender<u64>>>,
     next_ticket: AtomicU64,
+    /// The prefix collectives over this plane, told when a peer restarts.
+    collectives: Mutex<Vec<std::sync::Weak<Collectives>>>,
 }
 
 impl std::fmt::Debug for Plane {
@@ -203,6 +213,7 @@ impl Plane {
             home: RwLock::default(),
             homing: Mutex::default(),
             next_ticket: AtomicU64::new(1),
+            collectives: Mutex::default(),
         });
         plane.serve_releases();
         Ok(plane)
@@ -215,18 +226,56 @@ impl Plane {
 
     /// Opens authenticated connections to every other process in `dir`.
     pub fn connect(&self, dir: &Directory) -> Result<(), PlaneError> {
-        let opts = TcpOptions {
-            connections: 2,
-            ..TcpOptions::default()
-        };
         let mut peers = BTreeMap::new();
         for &(node, addr) in &dir.endpoints {
             if node != self.me {
-                peers.insert(node, self.engine.connect_tcp(addr, &self.secret, opts)?);
+                peers.insert(
+                    node,
+                    self.engine
+                        .connect_tcp(addr, &self.secret, link_options())?,
+                );
             }
         }
         *self.peers.write().unwrap_or_else(|p| p.into_inner()) = peers;
         *self.directory.write().unwrap_or_else(|p| p.into_inner()) = Some(dir.clone());
+        Ok(())
+    }
+
+    /// `node`'s process was restarted and listens at `addr` now: connect to
+    /// it, name it in the directory, and have the prefix collectives drop
+    /// every ring it was a rank of (their inboxes are withdrawn at once, so
+    /// no member rebuilding later opens a stale one). The old connection's
+    /// reads fail already; what the lost process held is gone.
+    pub fn reconnect(&self, node: NodeId, addr: SocketAddr) -> Result<(), PlaneError> {
+        if node == self.me {
+            return Ok(());
+        }
+        let peer = self
+            .engine
+            .connect_tcp(addr, &self.secret, link_options())?;
+        self.peers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node, peer);
+        if let Some(dir) = self
+            .directory
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            match dir.endpoints.iter_mut().find(|(n, _)| *n == node) {
+                Some(e) => e.1 = addr,
+                None => dir.endpoints.push((node, addr)),
+            }
+        }
+        lock(&self.collectives).retain(|c| match c.upgrade() {
+            Some(c) => {
+                c.forget_rings_with(node);
+                true
+            }
+            None => false,
+        });
+        tracing::info!(%node, %addr, "plane reconnected to a restarted process");
         Ok(())
     }
 
@@ -539,6 +588,7 @@ pub fn shared_over(plane: &Arc<Plane>, model: ModelConfig) -> Shared {
             0
         });
     let prefix = Collectives::start(plane.clone(), len);
+    lock(&plane.collectives).push(Arc::downgrade(&prefix));
     Shared {
         model,
         blobs: Arc::new(PlaneBlobs(plane.clone())),

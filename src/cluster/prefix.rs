@@ -117,6 +117,27 @@ impl Collectives {
         .map_err(|e| e.to_string())
     }
 
+    /// Drops every ring `node` is a rank of and withdraws this rank's inbox
+    /// of each: `node` was restarted, and the ring's call counts and inbox
+    /// handles belong to its lost process. Waits for a reduction in
+    /// progress (it holds the rings); none uses such a ring, since the
+    /// prefix was cut below the node when it was lost. Rebuilt on next use,
+    /// by every member, from the first call.
+    pub fn forget_rings_with(&self, node: NodeId) {
+        let mut rings = lock(&self.rings);
+        let stale: Vec<u32> = rings
+            .keys()
+            .copied()
+            .filter(|&m| self.ranks(m).contains(&node))
+            .collect();
+        for m in stale {
+            if let Some(ring) = rings.remove(&m) {
+                ring.withdraw();
+                tracing::info!(members = m, %node, "prefix ring dropped: a rank restarted");
+            }
+        }
+    }
+
     /// Sums `data` over the ring of the prefix of `members`, building it on
     /// first use; counts what this process wrote as gradient bytes moved.
     fn all_reduce(&self, members: u32, nodes: &[NodeId], data: &mut [f32]) -> Result<(), String> {

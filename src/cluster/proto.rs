@@ -130,6 +130,10 @@ pub enum NodeCmd {
     Stop,
     /// The node agent's own watchdog: the link to the head went down.
     HeadLost,
+    /// `node` was lost and its agent restarted: its transfer engine now
+    /// listens at `transfer`. Reconnect, forget the prefix rings it was a
+    /// rank of, and answer [`NodeEvent::PeerBack`].
+    PeerBack { node: NodeId, transfer: SocketAddr },
 }
 
 /// What a node agent tells the head's launcher.
@@ -148,6 +152,11 @@ pub enum NodeEvent {
     Moved {
         node: NodeId,
         bytes: BytesMoved,
+    },
+    /// `node` reconnected its plane to the restarted `peer`.
+    PeerBack {
+        node: NodeId,
+        peer: NodeId,
     },
     /// The assignment could not be carried out.
     Failed {

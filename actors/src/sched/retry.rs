@@ -18,7 +18,7 @@
 
 use rustc_hash::FxHashMap;
 
-use gyre_runtime::{Actor, Cx, Nanos};
+use gyre_runtime::{Actor, Cx, Nanos, NodeId};
 
 use crate::sched::ids::{CallId, ExecId, MicroStepId, Step, SwitchId, Version};
 use crate::sched::proto::Port;
@@ -135,6 +135,17 @@ impl Resend {
             Resend::Trainer(_, r) => Some(ReqKey::of_trainer(r)),
             Resend::Transfer(_, r) => Some(ReqKey::of_transfer(r)),
             Resend::Eval(_, r) => Some(ReqKey::of_eval(r)),
+        }
+    }
+
+    /// The node of the backend the request goes to.
+    pub fn node(&self) -> NodeId {
+        match self {
+            Resend::Engine(p, _) => p.id().node,
+            Resend::Memory(p, _) => p.id().node,
+            Resend::Trainer(p, _) => p.id().node,
+            Resend::Transfer(p, _) => p.id().node,
+            Resend::Eval(p, _) => p.id().node,
         }
     }
 
@@ -336,6 +347,25 @@ impl Outbox {
     /// Forgets `key` without an answer (the request no longer matters).
     pub fn forget(&mut self, key: &ReqKey) {
         self.pending.remove(key);
+    }
+
+    /// Resends now every outstanding request to `node` (its host says it
+    /// runs again, so whatever reached it before is gone); the count.
+    pub fn resend_to<A: Actor>(&mut self, node: NodeId, cx: &mut Cx<'_, A>) -> usize {
+        let now = cx.now();
+        let mut sent = 0;
+        for key in self.pending() {
+            let Some(p) = self.pending.get_mut(&key) else {
+                continue;
+            };
+            if p.req.node() == node {
+                p.req.send(cx);
+                p.sent = now;
+                self.stats.resent += 1;
+                sent += 1;
+            }
+        }
+        sent
     }
 
     /// The resend tick: resends what has waited `after` or longer, and

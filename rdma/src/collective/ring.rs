@@ -22,6 +22,10 @@ use crate::notify::Notification;
 use crate::request::{SegmentRef, TransferRequest};
 use crate::segment::LocalSegment;
 
+fn inbox_name(tag: &str) -> String {
+    format!("{tag}/ring-inbox")
+}
+
 /// One rank's end of a ring all-reduce over a [`Group`].
 pub struct RingAllReduce {
     group: Group,
@@ -41,7 +45,7 @@ impl RingAllReduce {
         let n = group.size();
         let slot = max_len.div_ceil(n.max(1)) * 4;
         let slots = 2 * 2 * n.saturating_sub(1);
-        let name = format!("{}/ring-inbox", group.tag);
+        let name = inbox_name(&group.tag);
         let notes = group.engine.subscribe(&group.topic("ring"));
         group.engine.register_zeroed(&name, slot * slots)?;
         let inbox = group.engine.local_segment(&name)?;
@@ -60,6 +64,13 @@ impl RingAllReduce {
             call: 0,
             written: 0,
         })
+    }
+
+    /// Ends this rank's part in the ring: its inbox is withdrawn, so a
+    /// neighbour rebuilding the ring waits for the inbox of the new one
+    /// instead of opening this one.
+    pub fn withdraw(self) {
+        self.group.engine.unregister(&inbox_name(&self.group.tag));
     }
 
     pub fn group(&self) -> &Group {

@@ -21,7 +21,7 @@
 //! each request resent until the node answers; every step is idempotent, so
 //! a node that only was cut off answers them at once.
 
-use gyre_runtime::Cx;
+use gyre_runtime::{Cx, NodeId};
 
 use super::{Cell, Phase, Stage};
 use crate::sched::ids::{SwitchId, Version};
@@ -58,6 +58,15 @@ impl Cell {
             };
             self.request(Resend::Engine(self.links.engine, req), cx);
         }
+    }
+
+    /// Its host says `node` runs again (a restarted node agent, with the
+    /// backends at the addresses they had): what was asked of the lost
+    /// process is asked again. Only with `rejoin_notices`, where nothing
+    /// is resent on a timer.
+    pub(super) fn on_node_back(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
+        let sent = self.outbox.resend_to(node, cx);
+        tracing::info!(cell = ?self.index, %node, sent, "backends' node back; requests resent");
     }
 
     /// The rejoin is complete: the engine serves again.

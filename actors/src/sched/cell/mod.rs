@@ -310,6 +310,7 @@ impl Actor for Cell {
             CellMsg::StreamEnd { step } => self.on_stream_end(step, cx),
             CellMsg::Lost { switch, version } => self.on_lost(switch, version, cx),
             CellMsg::BackendsLost => self.on_backends_lost(cx),
+            CellMsg::NodeBack { node } => self.on_node_back(node, cx),
             // A backend's answer counts once: a duplicate (the network's
             // copy, or the answer to a resend) finds nothing outstanding.
             // A refusal does not say which of the role's requests it

@@ -2,7 +2,7 @@
 //! cells' hand-over steps, the core's batches, the queue's grants and its
 //! backends' events.
 
-use gyre_runtime::Recipient;
+use gyre_runtime::{NodeId, Recipient};
 use serde::{Deserialize, Serialize};
 
 use crate::sched::ids::{EngineIx, ExecId, Step, SwitchId, Version};
@@ -85,6 +85,12 @@ pub enum CellMsg {
     /// What they held (device memory, the loaded engine) may be gone: a
     /// switch in progress runs again from its start against them.
     BackendsLost,
+    /// From the scheduler: `node`, which hosts some of this cell's
+    /// backends, runs again after a loss (`SchedMsg::NodeBack`): resend
+    /// what is outstanding there.
+    NodeBack {
+        node: NodeId,
+    },
 }
 
 macro_rules! from_event {

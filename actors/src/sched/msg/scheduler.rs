@@ -1,6 +1,7 @@
 //! The scheduler's messages: what executions, cells, the packer and the
 //! core report.
 
+use gyre_runtime::NodeId;
 use serde::{Deserialize, Serialize};
 
 use crate::sched::ids::{ExecId, Step, SwitchId, Version};
@@ -32,4 +33,9 @@ pub enum SchedMsg {
     PauseDispatch,
     /// From an operator: accept again, first everything held while paused.
     ResumeDispatch,
+    /// From the host (a cluster's head): `node`, lost earlier, runs again
+    /// with fresh backends at the addresses it had (a node agent the
+    /// launcher restarted). With `SchedConfig::rejoin_notices` this is how
+    /// a lost node is found again: its cells resend what they asked it.
+    NodeBack { node: NodeId },
 }

@@ -219,6 +219,36 @@ impl Scheduler {
         }
     }
 
+    /// The host says `node` runs again (`SchedMsg::NodeBack`): the cells
+    /// lost with it resend their return to rollout there; its `Returned`
+    /// under the rejoin's switch then puts the slots back.
+    pub(super) fn on_node_back(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
+        let Some(peers) = self.peers.clone() else {
+            return;
+        };
+        for (n, engine) in self.watched() {
+            if n != node {
+                continue;
+            }
+            let lost = match engine {
+                EngineIx::Cell(c) => self.ledger.role(c) == Some(Role::Lost),
+                EngineIx::Pool => self.pool_switch.is_some(),
+            };
+            if !lost {
+                continue;
+            }
+            tracing::info!(?engine, %node, "lost node back");
+            let to = match engine {
+                EngineIx::Cell(c) => peers.cells[c as usize],
+                EngineIx::Pool => match peers.pool {
+                    Some(p) => p,
+                    None => continue,
+                },
+            };
+            cx.send(to, CellMsg::NodeBack { node });
+        }
+    }
+
     /// A lost cell (`Some`) or the pool (`None`) reports its rejoin.
     pub(super) fn rejoined(&mut self, cell: Option<u32>, switch: SwitchId, cx: &mut Cx<'_, Self>) {
         let engine = match cell {

@@ -514,6 +514,7 @@ impl Actor for Scheduler {
             SchedMsg::StepDone { step } => self.on_step_done(step, cx),
             SchedMsg::Published { step, version } => self.on_published(step, version, cx),
             SchedMsg::Surplus { execs } => self.cancel_surplus(&execs, cx),
+            SchedMsg::NodeBack { node } => self.on_node_back(node, cx),
             SchedMsg::PauseDispatch => {
                 self.held.get_or_insert(0);
             }

@@ -14,9 +14,12 @@
 //! the pool) is a defined loss: the scheduler watches its node and takes it
 //! out of the ledger (its executions' calls move, KV is recomputed, C_R
 //! drops, a batch it trained in goes back to the queue), the head records
-//! it in the report's `node_losses`, and the run goes on. The core's node
-//! still fails the run: resuming from a checkpoint on another process is
-//! not wired in the live cluster.
+//! it in the report's `node_losses`, and the run goes on. Once its process
+//! has ended, the launcher starts the agent again (see [`rejoin`]), and the
+//! node rejoins the run. The core's node still fails the run: resuming from
+//! a checkpoint on another process is not wired in the live cluster.
+
+mod rejoin;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -59,6 +62,10 @@ pub struct ClusterOptions {
     pub join_timeout: Duration,
     /// A run that publishes nothing for this long is reported stuck.
     pub stall: Duration,
+    /// How many times a lost node agent is started again, per node (0:
+    /// never; the node stays lost). Only placements that can start one
+    /// agent on its own (`local`, `slurm`) restart.
+    pub restarts: u32,
 }
 
 impl ClusterOptions {
@@ -71,6 +78,7 @@ impl ClusterOptions {
             exe,
             join_timeout: Duration::from_secs(60),
             stall: Duration::from_secs(300),
+            restarts: 3,
         }
     }
 }
@@ -99,6 +107,10 @@ pub enum ClusterError {
     LinkLost { node: NodeId, label: String },
     #[error("timed out after {secs} s waiting for node agents to {phase}")]
     Timeout { phase: &'static str, secs: u64 },
+    #[error(
+        "{label} was restarted but its backends answered at other addresses than its first process's"
+    )]
+    RejoinPorts { label: String },
     #[error("no progress for {secs} s: {steps} of {target} steps published")]
     Stalled { secs: u64, steps: u64, target: u64 },
 }
@@ -116,8 +128,11 @@ pub struct ProcessReport {
     pub roles: Vec<String>,
     /// The process the launcher started (`srun` under Slurm).
     pub pid: u32,
-    /// The node agent's own process.
+    /// The node agent's own process (the last one started).
     pub agent_pid: u32,
+    /// What that process read from the others (`None`: it did not report,
+    /// being lost at the end).
+    pub bytes_moved: Option<BytesMoved>,
 }
 
 /// A node agent lost while the run went on.
@@ -131,6 +146,12 @@ pub struct NodeLoss {
     pub at_secs: f64,
     /// Updates published before the loss.
     pub after_steps: u64,
+    /// Times its agent was started again since.
+    pub restarts: u32,
+    /// Seconds into the run when the restarted agent had rebuilt its
+    /// backends and the scheduler was told the node is back; `None` if it
+    /// never came back.
+    pub back_at_secs: Option<f64>,
 }
 
 /// What a cluster run did: the live host's report, plus the processes and
@@ -185,6 +206,9 @@ struct Head {
     /// Updates published so far.
     steps: u64,
     lost: Vec<NodeLoss>,
+    rejoins: rejoin::Rejoins,
+    /// Bytes each node agent reported at the end.
+    moved: BTreeMap<NodeId, BytesMoved>,
 }
 
 impl Head {
@@ -229,13 +253,14 @@ impl Head {
                 .is_some_and(|s| !s.roles.contains(&Role::Cell(0)))
     }
 
+    /// Whether `node` is lost and not back (restarting or not).
     fn is_lost(&self, node: NodeId) -> bool {
-        self.lost.iter().any(|l| l.node == node.0)
+        self.rejoins.is_down(node)
     }
 
     /// Records a loss the run survives.
     fn lose(&mut self, node: NodeId, how: String) {
-        if self.is_lost(node) {
+        if !self.rejoins.down(node) {
             return;
         }
         let roles = self
@@ -251,6 +276,8 @@ impl Head {
             how,
             at_secs: self.running.map_or(0.0, |t| t.elapsed().as_secs_f64()),
             after_steps: self.steps,
+            restarts: 0,
+            back_at_secs: None,
         });
     }
 
@@ -263,6 +290,7 @@ impl Head {
                 ..
             } if self.survives(node) => {
                 self.lose(node, format!("its process exited ({status})"));
+                self.rejoins.exited(node);
                 Ok(None)
             }
             ClusterEvent::LinkDown { node, .. } if self.survives(node) => {
@@ -390,6 +418,15 @@ async fn run_head(
         running: None,
         steps: 0,
         lost: Vec::new(),
+        rejoins: rejoin::Rejoins::new(
+            &specs,
+            if placement.restarts() {
+                opts.restarts
+            } else {
+                0
+            },
+        ),
+        moved: BTreeMap::new(),
     };
     let result = drive(
         &mut head,
@@ -418,6 +455,7 @@ async fn run_head(
                     roles: s.roles.iter().map(Role::to_string).collect(),
                     pid: head.pids.get(&s.node).copied().unwrap_or(0),
                     agent_pid: head.agents.get(&s.node).copied().unwrap_or(0),
+                    bytes_moved: head.moved.get(&s.node).copied(),
                 })
                 .collect();
             Ok(ClusterReport {
@@ -544,8 +582,17 @@ async fn drive(
     sched.rejoin_notices = true;
     // The prefix's ring fails without a lost member: collect again.
     sched.reduce_needs_members = true;
-    live.spawn(Scheduler::new(sched, ports)?);
+    let sched = live.spawn(Scheduler::new(sched, ports)?);
     head.running = Some(Instant::now());
+    let mut run = rejoin::Running {
+        config: config_text.to_string(),
+        directory,
+        joined,
+        ports: ready,
+        observer: Recipient::of(updates_addr),
+        plane: plane.clone(),
+        sched,
+    };
     tracing::info!(nodes = head.specs.len(), "cluster assembled; training");
 
     let target = cfg.sched.target_steps;
@@ -569,16 +616,20 @@ async fn drive(
                 }
             },
             e = head.events.recv() => {
-                if let Some((_, e)) = e {
-                    head.failure(e)?;
+                if let Some((_, e)) = e
+                    && let Some(event) = head.failure(e)?
+                {
+                    head.on_run_event(event, &mut run).await?;
                 }
             }
         }
+        head.flush_rejoins(&run).await?;
     }
 
     // Collect what moved, then stop every node agent.
     let mut moved = plane.moved();
-    let alive: Vec<_> = joined
+    let alive: Vec<_> = run
+        .joined
         .iter()
         .filter(|(n, _)| !head.is_lost(**n))
         .map(|(_, (_, commands))| *commands)
@@ -589,8 +640,9 @@ async fn drive(
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut reported = 0;
     while reported < alive.len() {
-        if let NodeEvent::Moved { bytes, .. } = head.next(deadline, "report their bytes").await? {
+        if let NodeEvent::Moved { node, bytes } = head.next(deadline, "report their bytes").await? {
             moved += bytes;
+            head.moved.insert(node, bytes);
             reported += 1;
         }
     }
