@@ -5,7 +5,10 @@
 //! plus its processes and the payload bytes that crossed between them; no
 //! node agent outlives the head. A rollout cell's, the pool's or a
 //! satellite's agent killed mid-run costs capacity, not the run, which
-//! reports the loss; the core's fails the run naming it and how it ended.
+//! reports the loss; the launcher starts the agent again and the node
+//! rejoins. The core's, with checkpoints, is restarted and resumes from
+//! its last durable checkpoint; without, it fails the run naming it and how
+//! it ended.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -14,7 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::ok;
+use common::{ok, versions};
 
 fn json(args: &[&str]) -> serde_json::Value {
     let out = ok(args);
@@ -227,6 +230,17 @@ type KilledRun = (
 /// node agent started, and kill -9s node `victim`'s agent. Returns the
 /// head, its log so far, the reader and the agents' pids by node.
 fn kill_mid_run(steps: &str, victim: &str, after: usize, extra: &[&str]) -> KilledRun {
+    signal_mid_run(steps, victim, after, extra, "-KILL")
+}
+
+/// [`kill_mid_run`] with another signal.
+fn signal_mid_run(
+    steps: &str,
+    victim: &str,
+    after: usize,
+    extra: &[&str],
+    signal: &str,
+) -> KilledRun {
     let args: Vec<&str> = std::iter::once("--json")
         .chain(extra.iter().copied())
         .collect();
@@ -247,7 +261,7 @@ fn kill_mid_run(steps: &str, victim: &str, after: usize, extra: &[&str]) -> Kill
         log.push(line);
     }
     let killed = Command::new("kill")
-        .args(["-9", &pids[victim]])
+        .args([signal, &pids[victim]])
         .status()
         .unwrap();
     assert!(killed.success());
@@ -308,15 +322,6 @@ fn a_killed_rollout_node_costs_capacity_and_the_run_finishes() {
             "node agent {pid} outlived the head"
         );
     }
-}
-
-fn versions(report: &serde_json::Value) -> Vec<u64> {
-    report["updates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["version"].as_u64().unwrap())
-        .collect()
 }
 
 /// Every pid a "node agent started" line of `text` names.
@@ -389,7 +394,90 @@ fn a_killed_cell_node_mid_run_is_restarted_and_rejoins_whatever_its_role() {
 }
 
 #[test]
+fn a_hung_node_agent_is_fenced_restarted_and_rejoins() {
+    // SIGSTOP: the process lives on but answers nothing. Its link times
+    // out, the launcher kills it (fencing: it could not be trusted back),
+    // and, since it exited, starts it again.
+    let (head, rx, reader, log, pids) = signal_mid_run("80", "11", 3, &[], "-STOP");
+    let (status, text, stdout) = finish(head, &rx, reader, log);
+    assert!(status.success(), "the run survives a hung agent:\n{text}");
+    let report: serde_json::Value = serde_json::from_slice(&stdout).expect("a JSON report");
+    assert_eq!(versions(&report), (1..=80).collect::<Vec<u64>>());
+    assert!(
+        text.contains("fencing a node agent whose link was lost"),
+        "the hung agent was killed:\n{text}"
+    );
+    let losses = report["node_losses"].as_array().expect("node_losses");
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert_eq!(losses[0]["restarts"], 1, "{losses:?}");
+    assert!(losses[0]["back_at_secs"].is_f64(), "{losses:?}");
+    assert!(gone(pids["11"].parse().unwrap()), "the hung agent is gone");
+    for (_, pid) in started_pids(&text) {
+        assert!(
+            gone(pid.parse().unwrap()),
+            "node agent {pid} outlived the head"
+        );
+    }
+}
+
+#[test]
+fn a_killed_core_node_resumes_from_its_last_checkpoint_on_a_restarted_agent() {
+    // With checkpoints every 2 updates, the core's node (cell 0: the
+    // trainer holding the weights and AdamW state) is a loss the run
+    // survives: the launcher starts its agent again, the new trainer loads
+    // `core.ckpt`, every process forgets the versions after it, and the
+    // updates since it are made again. Whether cell 0 trained or served
+    // when it died, the history is one update per version, 1..=40.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ck.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[checkpoint]\nevery = 2\ndir = \"{}\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let (head, rx, reader, log, _) = kill_mid_run("40", "10", 3, &["--config", &config]);
+    let (status, text, stdout) = finish(head, &rx, reader, log);
+    assert!(
+        status.success(),
+        "the run survives the core's loss:\n{text}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&stdout).expect("a JSON report");
+    assert_eq!(
+        versions(&report),
+        (1..=40).collect::<Vec<u64>>(),
+        "one update per version in the model's history"
+    );
+    let losses = report["node_losses"].as_array().expect("node_losses");
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert_eq!(losses[0]["node"], 10);
+    assert!(losses[0]["back_at_secs"].is_f64(), "{losses:?}");
+    assert!(
+        text.contains("core trainer restored") && text.contains("kept=false"),
+        "a new core process restored from the checkpoint:\n{text}"
+    );
+    // Every publication is durable, so at most S − 1 = 1 completed update
+    // is made again.
+    assert!(report["redone_updates"].as_u64().unwrap() <= 1, "{report}");
+    assert!(
+        !text.contains("trains nothing"),
+        "every micro-step trained, the redone ones too:\n{text}"
+    );
+    assert!(dir.path().join("core.ckpt").exists());
+    for (_, pid) in started_pids(&text) {
+        assert!(
+            gone(pid.parse().unwrap()),
+            "node agent {pid} outlived the head"
+        );
+    }
+}
+
+#[test]
 fn a_killed_core_node_fails_the_run_naming_it() {
+    // Without checkpoints there is nothing a new core could resume from.
     let (head, rx, reader, log, pids) = kill_mid_run("40", "10", 1, &[]);
     let (status, text, _) = finish(head, &rx, reader, log);
     assert!(!status.success(), "the core's loss fails the run");

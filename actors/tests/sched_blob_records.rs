@@ -93,9 +93,16 @@ struct Outcome {
     micro_steps: usize,
     /// Blobs live after the trainer released every micro-step's rows.
     live_after_training: usize,
+    /// With `keep_until_durable`: blobs live once trained, before the
+    /// update was durable.
+    live_trained_undurable: usize,
 }
 
 fn run(delivery: Delivery) -> Outcome {
+    run_with(delivery, false)
+}
+
+fn run_with(delivery: Delivery, keep_until_durable: bool) -> Outcome {
     let mut sim = Sim::new(SimConfig::new(3));
     let core = sim.probe::<CoreMsg>(Node(1));
     let sched = sim.probe::<SchedMsg>(Node(1));
@@ -111,6 +118,7 @@ fn run(delivery: Delivery) -> Outcome {
             micro_tokens: BUDGET,
             short_micro_steps: 1_000,
             streaming: true,
+            keep_until_durable,
         },
         PackerLinks {
             buffer,
@@ -240,6 +248,11 @@ fn run(delivery: Delivery) -> Outcome {
     if matches!(delivery, Delivery::Handles { .. }) {
         assert_eq!(live_before_trained, micro_steps, "rows kept until trained");
     }
+    let live_trained_undurable = store.live();
+    if keep_until_durable {
+        sim.inject(TESTER, packer, PackerMsg::Durable { version: 1 });
+        sim.run().unwrap();
+    }
     let stats = sim.actor(packer).unwrap().stats();
     Outcome {
         rows,
@@ -249,6 +262,7 @@ fn run(delivery: Delivery) -> Outcome {
         records_put,
         micro_steps,
         live_after_training: store.live(),
+        live_trained_undurable,
     }
 }
 
@@ -275,6 +289,18 @@ fn records_by_handle_train_exactly_like_inline_records_and_are_released() {
     assert_eq!(by_handle.live_after_seal, by_handle.micro_steps);
     assert_eq!(by_handle.live_after_training, 0);
     assert_eq!(inline.live_after_seal, 0);
+}
+
+/// A core that recovers from checkpoints may train a step again after a
+/// restore: its rows stay until its update is durable, then go.
+#[test]
+fn with_recovery_rows_outlive_training_until_the_update_is_durable() {
+    let kept = run_with(Delivery::Handles { corrupt: false }, true);
+    assert!(kept.micro_steps > 0);
+    assert_eq!(kept.live_trained_undurable, kept.micro_steps);
+    assert_eq!(kept.live_after_training, 0, "released once durable");
+    let plain = run(Delivery::Handles { corrupt: false });
+    assert_eq!(plain.live_trained_undurable, 0, "released once trained");
 }
 
 #[test]

@@ -91,6 +91,7 @@ impl Rig {
                     micro_tokens: BUDGET,
                     short_micro_steps: 1_000,
                     streaming: true,
+                    keep_until_durable: false,
                 },
                 PackerLinks {
                     buffer,

@@ -451,6 +451,7 @@ fn packer_takes_oldest_version_first_and_stays_one_batch_ahead() {
                 micro_tokens: 100,
                 short_micro_steps: 1,
                 streaming: true,
+                keep_until_durable: false,
             },
             PackerLinks {
                 buffer: as_actor(buffer),

@@ -53,7 +53,9 @@ pub enum LauncherMsg {
     Stopping,
     /// From the head: start `node`'s agent again (its process ended
     /// mid-run). Its next loss is reported like the first.
-    Restart { node: NodeId },
+    Restart {
+        node: NodeId,
+    },
     Launched {
         node: NodeId,
         result: Result<u32, String>,
@@ -61,6 +63,10 @@ pub enum LauncherMsg {
     Ended {
         node: NodeId,
         result: Result<String, String>,
+    },
+    Fenced {
+        node: NodeId,
+        killed: bool,
     },
 }
 
@@ -82,6 +88,23 @@ impl IoRequest for LaunchNode {
     }
     fn run(self) -> Result<u32, IoError> {
         self.placement.launch(&self.spec).map_err(IoError::Failed)
+    }
+}
+
+/// Kills a node agent whose link was lost (see [`Placement::kill`]).
+struct FenceNode {
+    placement: Arc<dyn Placement>,
+    node: NodeId,
+    pid: u32,
+}
+
+impl IoRequest for FenceNode {
+    type Output = bool;
+    fn kind(&self) -> &'static str {
+        "launcher.fence"
+    }
+    fn run(self) -> Result<bool, IoError> {
+        Ok(self.placement.kill(self.node, self.pid))
     }
 }
 
@@ -107,6 +130,8 @@ pub struct Launcher {
     stopping: bool,
     /// Nodes whose loss was already reported.
     reported: BTreeSet<NodeId>,
+    /// The process last started for each node.
+    pids: BTreeMap<NodeId, u32>,
 }
 
 impl Launcher {
@@ -121,6 +146,7 @@ impl Launcher {
             head,
             stopping: false,
             reported: BTreeSet::new(),
+            pids: BTreeMap::new(),
         }
     }
 
@@ -170,8 +196,12 @@ impl Actor for Launcher {
                 self.launch(node, cx);
             }
             LauncherMsg::Restart { .. } => {}
+            LauncherMsg::Fenced { node, killed } => {
+                tracing::debug!(node = node.0, killed, "fenced");
+            }
             LauncherMsg::Launched { node, result } => match result {
                 Ok(pid) => {
+                    self.pids.insert(node, pid);
                     cx.send(self.head, ClusterEvent::Started { node, pid });
                     let req = WaitNode {
                         placement: self.placement.clone(),
@@ -211,6 +241,21 @@ impl Actor for Launcher {
         }
         let label = self.label(node);
         cx.send(self.head, ClusterEvent::LinkDown { node, label });
+        // A link lost while its process still runs (a hung agent, a cut
+        // network): the process is fenced, so its exit is seen and the
+        // node can be started again; it would not be trusted back anyway.
+        let Some(&pid) = self.pids.get(&node) else {
+            return;
+        };
+        let req = FenceNode {
+            placement: self.placement.clone(),
+            node,
+            pid,
+        };
+        cx.io(req, move |r| LauncherMsg::Fenced {
+            node,
+            killed: r.unwrap_or(false),
+        });
     }
 }
 

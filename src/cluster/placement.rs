@@ -61,6 +61,14 @@ pub trait Placement: Send + Sync + 'static {
     fn restarts(&self) -> bool {
         false
     }
+    /// Kills `node`'s process `pid` if it still runs (a node whose link
+    /// was lost is fenced, so that it ends and can be started again; a
+    /// process started since under the same node is left alone); whether
+    /// a kill was sent.
+    fn kill(&self, node: NodeId, pid: u32) -> bool {
+        let _ = (node, pid);
+        false
+    }
 }
 
 /// How node-agent processes are started.
@@ -199,6 +207,24 @@ impl Placement for Processes {
 
     fn restarts(&self) -> bool {
         true
+    }
+
+    fn kill(&self, node: NodeId, pid: u32) -> bool {
+        let mut children = lock(&self.children);
+        let Some(child) = children.get_mut(&node).filter(|c| c.id() == pid) else {
+            return false;
+        };
+        match child.try_wait() {
+            Ok(None) => {
+                tracing::warn!(
+                    node = node.0,
+                    pid = child.id(),
+                    "fencing a node agent whose link was lost"
+                );
+                child.kill().is_ok()
+            }
+            _ => false,
+        }
     }
 
     fn stop_all(&self) {

@@ -103,6 +103,9 @@ pub const HOME_WAIT: Duration = Duration::from_secs(10);
 const TOPIC_KV_AT: &str = "gyre.kv.at";
 const TOPIC_KV_RELEASE: &str = "gyre.kv.release";
 const TOPIC_WEIGHTS: &str = "gyre.weights.published";
+/// The ninth byte of a weights notification that voids the versions
+/// after the one it names (a new core restored a checkpoint).
+const ROLLED_BACK: u8 = 1;
 /// Weight versions the core keeps registered.
 const KEEP_WEIGHTS: usize = 4;
 /// Bits of a blob id below its owner's node id.
@@ -670,8 +673,18 @@ impl PlaneWeights {
         let mut g = lock(&self.0.versions);
         let (rx, known) = &mut *g;
         for note in rx.try_iter() {
-            if let Some(v) = u64_of(&note.payload) {
-                known.insert(v);
+            match (u64_of(&note.payload), note.payload.get(8)) {
+                (Some(v), None) => {
+                    known.insert(v);
+                }
+                (Some(to), Some(&ROLLED_BACK)) => {
+                    known.retain(|v| *v <= to);
+                    let mut cache = lock(&self.0.weight_cache);
+                    if cache.as_ref().is_some_and(|(v, _)| *v > to) {
+                        *cache = None;
+                    }
+                }
+                _ => tracing::warn!(len = note.payload.len(), "malformed weights notification"),
             }
         }
         known.last().copied().unwrap_or(0)
@@ -704,6 +717,8 @@ impl WeightStore for PlaneWeights {
 
     fn get(&self, version: Version) -> Option<Arc<[u8]>> {
         let p = &self.0;
+        // A rollback announced drops cached versions it voids.
+        self.newest();
         if let Some((v, b)) = lock(&p.weight_cache).as_ref()
             && *v == version
         {
@@ -728,6 +743,24 @@ impl WeightStore for PlaneWeights {
     fn latest(&self) -> Option<(Version, Arc<[u8]>)> {
         let v = self.newest();
         self.get(v).map(|b| (v, b))
+    }
+
+    fn roll_back(&self, to: Version) {
+        let p = &self.0;
+        let voided: Vec<Version> = {
+            let mut g = lock(&p.versions);
+            let voided = g.1.iter().copied().filter(|v| *v > to).collect();
+            g.1.retain(|v| *v <= to);
+            voided
+        };
+        for v in voided {
+            p.engine.unregister(&weights_name(v));
+        }
+        *lock(&p.weight_cache) = None;
+        let mut note = to.to_le_bytes().to_vec();
+        note.push(ROLLED_BACK);
+        p.notify_all(TOPIC_WEIGHTS, &note);
+        tracing::info!(to, "weights after this version voided on every process");
     }
 }
 

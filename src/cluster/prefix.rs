@@ -334,6 +334,10 @@ impl WeightStore for PrefixWeights {
         self.store.latest()
     }
 
+    fn roll_back(&self, to: Version) {
+        self.store.roll_back(to);
+    }
+
     fn broadcasts(&self) -> bool {
         true
     }

@@ -57,6 +57,13 @@ pub trait WeightStore: Send + Sync + fmt::Debug {
         let _ = members;
         Ok(None)
     }
+    /// A new core restored version `to` from its checkpoint: the versions
+    /// after it were never published and will be made again with other
+    /// parameters, so no process may keep or serve them under their
+    /// numbers. (In one process the core never restarts: nothing to do.)
+    fn roll_back(&self, to: Version) {
+        let _ = to;
+    }
 }
 
 /// Where each training cell's drained gradients wait for the core's reduce.

@@ -31,8 +31,8 @@ use gyre_actors::sched::ids::{MicroStepId, Step};
 use gyre_actors::sched::proto::trainer::{TrainerEvent, TrainerReq};
 use gyre_actors::trajectory::packing::MicroStepRows;
 use gyre_gpu::trainer::{
-    GradBuffer, Loss, MicroReport, MicroStep, ObjectiveConfig, RowChunk, TrainRow, Trainer,
-    UpdateReport,
+    CoreCheckpoint, GradBuffer, Loss, MicroReport, MicroStep, ObjectiveConfig, RowChunk, TrainRow,
+    Trainer, UpdateReport,
 };
 use gyre_runtime::{Actor, ActorId, Cx, IoError, Nanos, Recipient, get_decoded};
 use serde::{Deserialize, Serialize};
@@ -81,9 +81,11 @@ pub enum Finished {
     Checkpointed {
         bytes: u64,
     },
-    /// The gradients were dropped; the parameters are at `version`.
+    /// The gradients were dropped; the parameters are at `version`, the
+    /// state this process `kept` or the checkpoint it loaded.
     Restored {
         version: u64,
+        kept: bool,
     },
 }
 
@@ -168,6 +170,9 @@ pub struct TrainerWorker {
     began: Nanos,
     /// When the running one arrived.
     arrived: Nanos,
+    /// Nothing has run here yet: this process is new, so a restore loads
+    /// the core's last durable checkpoint instead of keeping the state.
+    fresh: bool,
 }
 
 impl std::fmt::Debug for TrainerWorker {
@@ -200,6 +205,7 @@ impl TrainerWorker {
             journal: None,
             began: 0,
             arrived: 0,
+            fresh: true,
         }
     }
 
@@ -273,8 +279,9 @@ impl TrainerWorker {
                 let step = *step;
                 cx.io(self.write_checkpoint(step), done)
             }
-            // This process kept its state (a new process would load
-            // `core.ckpt` first: not built for the live host yet).
+            TrainerReq::Restore { .. } if self.fresh => cx.io(self.load_checkpoint(), done),
+            // This process kept its state (its node was cut off, not
+            // restarted): only the gradients accumulated go.
             TrainerReq::Restore { .. } => {
                 let trainer = self.trainer.clone();
                 let job = Work::new("trainer.restore", move || {
@@ -282,6 +289,7 @@ impl TrainerWorker {
                     t.zero_grads().map_err(|e| e.to_string())?;
                     Ok(Finished::Restored {
                         version: t.version(),
+                        kept: true,
                     })
                 });
                 cx.io(job, done)
@@ -398,6 +406,43 @@ impl TrainerWorker {
         })
     }
 
+    /// A new core process's restore: the last durable checkpoint, or the
+    /// initial parameters (version 0) if none was written. The restored
+    /// parameters are published again, and every process forgets the
+    /// versions after them: the updates after the checkpoint are made
+    /// again, and their version numbers will name other parameters.
+    fn load_checkpoint(&self) -> Work<Finished> {
+        let trainer = self.trainer.clone();
+        let path = self.checkpoint.clone();
+        let weights = self.shared.weights.clone();
+        Work::new("trainer.restore", move || {
+            let path = path.ok_or("no checkpoint path configured ([checkpoint] dir)")?;
+            let checkpoint = if path.exists() {
+                let c =
+                    CoreCheckpoint::load(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                tracing::info!(path = %path.display(), version = c.version, step = c.step, "core checkpoint loaded");
+                Some(c)
+            } else {
+                tracing::warn!(path = %path.display(), "no core checkpoint yet: training again from the initial parameters");
+                None
+            };
+            let mut t = lock(&trainer);
+            let params = with_training_memory(&mut t, |t| {
+                if let Some(c) = &checkpoint {
+                    t.restore(c)?;
+                }
+                t.zero_grads()?;
+                t.params()
+            })?;
+            weights.roll_back(params.version);
+            weights.publish(params.version, Arc::from(params.encode()));
+            Ok(Finished::Restored {
+                version: t.version(),
+                kept: false,
+            })
+        })
+    }
+
     /// Answers the request that just finished, whatever its outcome (but a
     /// failed reduction, see below): the trainer protocol has no failure
     /// replies, and a step must complete (a failed micro-step trains
@@ -424,6 +469,7 @@ impl TrainerWorker {
                 ..op_line(Some(self.cell), &kind, self.arrived, self.began, cx.now())
             });
         }
+        self.fresh = false;
         let ok = match result {
             Ok(f) => Some(f),
             Err(e) => {
@@ -500,11 +546,18 @@ impl TrainerWorker {
                 cx.send(reply_to, TrainerEvent::Checkpointed { version, durable });
             }
             TrainerReq::Restore { epoch, reply_to } => {
-                if let Some(Finished::Restored { version }) = ok {
+                if let Some(Finished::Restored { version, kept }) = ok {
+                    tracing::info!(
+                        cell = self.cell,
+                        epoch,
+                        version,
+                        kept,
+                        "core trainer restored"
+                    );
                     let event = TrainerEvent::Restored {
                         epoch,
                         version,
-                        kept: true,
+                        kept,
                     };
                     cx.send(reply_to, event);
                 }
@@ -536,6 +589,24 @@ impl TrainerWorker {
                 self.stats.failed_micro_steps += 1;
                 tracing::warn!(cell = self.cell, ?mstep, "micro-step trains nothing");
             }
+        }
+    }
+}
+
+/// Runs `f` with the trainer's training memory resident: a new process
+/// starts in rollout, its training memory parked on the host, so if `f`
+/// fails for that, the memory comes back for it and is parked again.
+fn with_training_memory<T>(
+    t: &mut Trainer,
+    f: impl Fn(&mut Trainer) -> Result<T, gyre_gpu::trainer::TrainerError>,
+) -> Result<T, String> {
+    match f(t) {
+        Ok(v) => Ok(v),
+        Err(_) => {
+            t.restore_memory().map_err(|e| e.to_string())?;
+            let out = f(t).map_err(|e| e.to_string());
+            t.release_memory().map_err(|e| e.to_string())?;
+            out
         }
     }
 }

@@ -643,6 +643,10 @@ impl Core {
                 self.try_complete(cx);
             }
             CoreMsg::MemberLost { cell, queue } => self.member_lost(cell, queue, cx),
+            CoreMsg::NodeBack { node } => {
+                let sent = self.outbox.resend_to(node, cx);
+                tracing::info!(%node, sent, "the core trainer's node back; requests resent");
+            }
             CoreMsg::Aborted { step } => self.aborted(step, cx),
             // Cell 0's report of a batch it finished just before the abort.
             CoreMsg::BatchDone { .. } if self.phase == CorePhase::Restoring => {}
@@ -699,6 +703,7 @@ impl Core {
                         self.log.checkpoints.push((step, version));
                         // Batches of durable updates are never trained again.
                         self.sealed.retain(|s, _| *s >= version);
+                        self.durable(version, cx);
                     } else {
                         // Training goes on; a new core would resume from
                         // the checkpoint before this one.

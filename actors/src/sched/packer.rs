@@ -51,6 +51,9 @@ pub struct PackerConfig {
     pub micro_tokens: u64,
     pub short_micro_steps: u32,
     pub streaming: bool,
+    /// The core recovers from checkpoints: a trained step's rows are kept
+    /// until its update is durable (`PackerMsg::Durable`).
+    pub keep_until_durable: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -132,6 +135,9 @@ pub struct Packer {
     blobs: Option<Arc<dyn BlobStore>>,
     /// The row handles put for each step, released once it is trained.
     put: BTreeMap<Step, Vec<BlobId>>,
+    /// Those of trained steps whose updates are not durable yet (with
+    /// `keep_until_durable`).
+    undurable: BTreeMap<Step, Vec<BlobId>>,
     stats: PackerStats,
 }
 
@@ -156,6 +162,7 @@ impl Packer {
             chunks: BTreeMap::new(),
             blobs: None,
             put: BTreeMap::new(),
+            undurable: BTreeMap::new(),
             stats: PackerStats::default(),
         }
     }
@@ -360,6 +367,15 @@ impl Packer {
         }
     }
 
+    /// Frees the row payloads of these steps.
+    fn release(&self, steps: BTreeMap<Step, Vec<BlobId>>) {
+        if let Some(store) = &self.blobs {
+            for id in steps.into_values().flatten() {
+                store.release(id);
+            }
+        }
+    }
+
     fn record(&mut self, exec: ExecId, group: GroupId, record: &TitoRecord) {
         if self.taken.contains_key(&group) {
             self.stats.late_records += 1;
@@ -474,10 +490,10 @@ impl Actor for Packer {
                 let trained = self.trained;
                 let later = self.put.split_off(&trained);
                 let done = std::mem::replace(&mut self.put, later);
-                if let Some(store) = &self.blobs {
-                    for id in done.into_values().flatten() {
-                        store.release(id);
-                    }
+                if self.cfg.keep_until_durable {
+                    self.undurable.extend(done);
+                } else {
+                    self.release(done);
                 }
                 self.taken.retain(|_, t| t.step >= trained);
                 self.rows.retain(|g, _| self.taken.contains_key(g));
@@ -489,6 +505,11 @@ impl Actor for Packer {
                 record,
             } => self.record(exec, group, &record),
             PackerMsg::Discard { samples } => self.discard(&samples),
+            PackerMsg::Durable { version } => {
+                let later = self.undurable.split_off(&version);
+                let durable = std::mem::replace(&mut self.undurable, later);
+                self.release(durable);
+            }
         }
         self.maybe_take(cx);
         self.report(cx);

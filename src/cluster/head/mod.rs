@@ -168,6 +168,9 @@ pub struct ClusterReport {
     pub bytes_moved: BytesMoved,
     /// Node agents lost mid-run, in the order they were lost.
     pub node_losses: Vec<NodeLoss>,
+    /// Updates a core restored from its checkpoint rolled back and made
+    /// again (`updates` holds the history: one per version).
+    pub redone_updates: u64,
 }
 
 /// Runs `cfg` across processes as `opts` places them.
@@ -207,6 +210,10 @@ struct Head {
     steps: u64,
     lost: Vec<NodeLoss>,
     rejoins: rejoin::Rejoins,
+    /// The core writes durable checkpoints a restarted core resumes from.
+    core_recovers: bool,
+    /// Updates rolled back by a restored core and made again.
+    redone: u64,
     /// Bytes each node agent reported at the end.
     moved: BTreeMap<NodeId, BytesMoved>,
 }
@@ -243,14 +250,16 @@ impl Head {
     }
 
     /// Whether the run survives losing `node`: it is running, and the node
-    /// hosts no part of the core (cell 0).
+    /// hosts no part of the core (cell 0), or the core resumes from its
+    /// checkpoints on a restarted agent.
     fn survives(&self, node: NodeId) -> bool {
+        let core_back = self.core_recovers && self.rejoins.can_restart(node);
         self.running.is_some()
             && self
                 .specs
                 .iter()
                 .find(|s| s.node == node)
-                .is_some_and(|s| !s.roles.contains(&Role::Cell(0)))
+                .is_some_and(|s| core_back || !s.roles.contains(&Role::Cell(0)))
     }
 
     /// Whether `node` is lost and not back (restarting or not).
@@ -427,6 +436,8 @@ async fn run_head(
             },
         ),
         moved: BTreeMap::new(),
+        core_recovers: cfg.checkpoint.path().is_some(),
+        redone: 0,
     };
     let result = drive(
         &mut head,
@@ -475,6 +486,7 @@ async fn run_head(
                 processes,
                 bytes_moved,
                 node_losses: head.lost.clone(),
+                redone_updates: head.redone,
             })
         }
         Err(e) => Err(e),
@@ -603,6 +615,11 @@ async fn drive(
             u = tokio::time::timeout(opts.stall, updates_rx.recv()) => match u {
                 Ok(Some((_, u))) => {
                     tracing::info!(step = u.step, version = u.version, loss = u.loss, "update published");
+                    // A core restored from its checkpoint makes the
+                    // versions after it again: the history keeps the new.
+                    let before = updates.len();
+                    updates.retain(|x| x.version < u.version);
+                    head.redone += (before - updates.len()) as u64;
                     updates.push(u);
                     head.steps = updates.len() as u64;
                     progress(updates.len() as u64, target);

@@ -1,9 +1,10 @@
 //! A lost node agent, started again and brought back into the run.
 //!
 //! Once a survivable node's process has ended (its exit, not only a lost
-//! link: a hung agent still holds its node id), the head asks the launcher
-//! to start it again, up to `ClusterOptions::restarts` times per node. The
-//! new agent joins like the first one, and then:
+//! link: the launcher fences a process whose link was lost, killing it by
+//! pid, so a hung agent ends too), the head asks the launcher to start it
+//! again, up to `ClusterOptions::restarts` times per node. The new agent
+//! joins like the first one, and then:
 //! 1. every process's transfer plane (the head's and each other agent's,
 //!    [`NodeCmd::PeerBack`]) connects to its new transfer address and drops
 //!    the prefix rings it was a rank of;
@@ -56,6 +57,11 @@ impl Rejoins {
             to_launch: Vec::new(),
             joining: BTreeMap::new(),
         }
+    }
+
+    /// Whether `node`'s agent would be started again if its process ended.
+    pub(super) fn can_restart(&self, node: NodeId) -> bool {
+        self.restarts_left.get(&node).is_some_and(|l| *l > 0)
     }
 
     pub(super) fn is_down(&self, node: NodeId) -> bool {

@@ -150,7 +150,7 @@ impl Cell {
         self.request(Resend::Engine(engine, EngineReq::Unload { reply_to }), cx);
     }
 
-    fn memory(
+    pub(super) fn memory(
         &mut self,
         req: impl FnOnce(gyre_runtime::Recipient<MemoryEvent>) -> MemoryReq,
         cx: &mut Cx<'_, Self>,

@@ -24,10 +24,33 @@
 use gyre_runtime::{Cx, NodeId};
 
 use super::{Cell, Phase, Stage};
-use crate::sched::ids::{SwitchId, Version};
+use crate::sched::ids::{Step, SwitchId, Version};
 use crate::sched::proto::engine::EngineReq;
-use crate::sched::proto::memory::MemRole;
+use crate::sched::proto::memory::{MemRole, MemoryReq};
+use crate::sched::proto::transfer::Segment;
 use crate::sched::retry::{ReqKey, Resend};
+
+/// Cell 0 switching its restarted backends to training again.
+#[derive(Debug, Default)]
+pub(super) struct Resync {
+    /// Lost on the training side; done at the node's `NodeBack`.
+    needed: bool,
+    /// The stage under way (unload, free rollout memory, restore training
+    /// memory).
+    stage: Option<Stage>,
+    /// A batch the core sent meanwhile, started once done.
+    stashed: Option<(Step, Option<Segment>)>,
+}
+
+impl Resync {
+    pub(super) fn busy(&self) -> bool {
+        self.stage.is_some()
+    }
+
+    pub(super) fn stash(&mut self, step: Step, snapshot: Option<Segment>) {
+        self.stashed = Some((step, snapshot));
+    }
+}
 
 impl Cell {
     pub(super) fn on_lost(&mut self, switch: SwitchId, version: Version, cx: &mut Cx<'_, Self>) {
@@ -67,6 +90,49 @@ impl Cell {
     pub(super) fn on_node_back(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
         let sent = self.outbox.resend_to(node, cx);
         tracing::info!(cell = ?self.index, %node, sent, "backends' node back; requests resent");
+        if std::mem::take(&mut self.resync.needed)
+            && matches!(
+                self.phase,
+                Phase::Ready { .. } | Phase::Syncing { .. } | Phase::Training(_)
+            )
+        {
+            tracing::info!(cell = ?self.index, "fresh backends: switching them to training again");
+            self.resync.stage = Some(Stage::Unloading);
+            let reply_to = cx.recipient();
+            let req = EngineReq::Unload { reply_to };
+            self.request(Resend::Engine(self.links.engine, req), cx);
+        }
+    }
+
+    /// One step of a resync is answered: the next, or back to training
+    /// (with the batch the core sent meanwhile).
+    pub(super) fn resynced(&mut self, cx: &mut Cx<'_, Self>) {
+        let role = match self.resync.stage {
+            Some(Stage::Unloading) => {
+                self.resync.stage = Some(Stage::FreeingRollout);
+                Some((MemRole::Rollout, false))
+            }
+            Some(Stage::FreeingRollout) => {
+                self.resync.stage = Some(Stage::RestoringTraining);
+                Some((MemRole::Training, true))
+            }
+            _ => None,
+        };
+        match role {
+            Some((role, true)) => {
+                self.memory(|reply_to| MemoryReq::Restore { role, reply_to }, cx);
+            }
+            Some((role, false)) => {
+                self.memory(|reply_to| MemoryReq::Release { role, reply_to }, cx);
+            }
+            None => {
+                self.resync.stage = None;
+                tracing::info!(cell = ?self.index, "backends in training again");
+                if let Some((step, snapshot)) = self.resync.stashed.take() {
+                    self.on_batch(step, snapshot, cx);
+                }
+            }
+        }
     }
 
     /// The rejoin is complete: the engine serves again.
@@ -76,6 +142,9 @@ impl Cell {
 
     /// Its backends' node went down (see the module's note).
     pub(super) fn on_backends_lost(&mut self, cx: &mut Cx<'_, Self>) {
+        // Already switched: only a host that says the node is back (with
+        // fresh backends) has the switch made again.
+        self.resync.needed = !matches!(self.phase, Phase::Switching { .. });
         let Phase::Switching { switch, .. } = self.phase else {
             return;
         };

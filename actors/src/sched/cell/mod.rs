@@ -148,6 +148,10 @@ pub struct Cell {
     /// The switch id of the latest rejoin: hand-over steps of an earlier
     /// switch belong to an abandoned phase.
     rejoined_as: Option<SwitchId>,
+    /// Cell 0's backends were lost on the training side: a restarted node
+    /// starts them in rollout, so the switch to training is made again
+    /// when the node is back (see `lost`).
+    resync: lost::Resync,
     stats: CellStats,
 }
 
@@ -175,6 +179,7 @@ impl Cell {
             abandoned: None,
             aborted: None,
             rejoined_as: None,
+            resync: lost::Resync::default(),
             stats: CellStats::default(),
         }
     }
@@ -292,6 +297,9 @@ impl Actor for Cell {
                     self.set_weights(version, cx);
                 }
             }
+            CellMsg::Batch { step, snapshot } if self.resync.busy() => {
+                self.resync.stash(step, snapshot);
+            }
             CellMsg::Batch { step, snapshot } => self.on_batch(step, snapshot, cx),
             CellMsg::Grant { mstep } if self.abandoned >= Some(mstep.id.step) => {
                 self.stats.stale_after_loss += 1;
@@ -319,6 +327,16 @@ impl Actor for Cell {
                 self.outbox.forget(&ReqKey::Release(role));
                 self.outbox.forget(&ReqKey::Restore(role));
                 self.on_memory(MemoryEvent::Refused { role, reason }, cx);
+            }
+            CellMsg::Engine(EngineEvent::Unloaded) if self.resync.busy() => {
+                if self.outbox.ack(&EngineEvent::Unloaded) {
+                    self.resynced(cx);
+                }
+            }
+            CellMsg::Memory(e) if self.resync.busy() => {
+                if self.outbox.ack(&e) {
+                    self.resynced(cx);
+                }
             }
             CellMsg::Engine(e) if self.outbox.ack(&e) => self.on_engine(e, cx),
             CellMsg::Memory(e) if self.outbox.ack(&e) => self.on_memory(e, cx),

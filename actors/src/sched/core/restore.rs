@@ -32,6 +32,7 @@ use gyre_runtime::{Cx, Nanos, Recipient};
 use super::{Core, CoreMsg, CorePhase, StepRecord};
 use crate::sched::ids::{Step, Version};
 use crate::sched::msg::cell::CellMsg;
+use crate::sched::msg::packer::PackerMsg;
 use crate::sched::msg::queue::QueueMsg;
 use crate::sched::proto::trainer::TrainerReq;
 use crate::sched::retry::{ReqKey, Resend};
@@ -247,6 +248,7 @@ impl Core {
             CorePhase::Checkpointing => {
                 self.log.checkpoints.push((self.step, v));
                 self.sealed.retain(|s, _| *s >= v);
+                self.durable(v, cx);
                 self.proceed(cx);
             }
             CorePhase::Broadcasting | CorePhase::Publishing => self.after_update(cx),
@@ -293,6 +295,14 @@ impl Core {
         self.burst_closed = false;
         self.members.truncate(1);
         self.begin(cx);
+    }
+
+    /// The updates before `version` are durable: with recovery on, the
+    /// packer frees their rows now (a restore never trains them again).
+    pub(super) fn durable(&self, version: Version, cx: &mut Cx<'_, Self>) {
+        if let Some(p) = self.packer.filter(|_| self.cfg.recover) {
+            cx.send(p, PackerMsg::Durable { version });
+        }
     }
 
     /// Marks the first update after a restore.

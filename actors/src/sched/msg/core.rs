@@ -73,6 +73,13 @@ pub enum CoreMsg {
         cell: u32,
         queue: Recipient<crate::sched::msg::queue::QueueMsg>,
     },
+    /// From the scheduler: the trainer's node runs again after a loss
+    /// (`SchedMsg::NodeBack`): resend what is outstanding there (the
+    /// restore). Only with `rejoin_notices`, where nothing is resent on a
+    /// timer.
+    NodeBack {
+        node: gyre_runtime::NodeId,
+    },
     /// From cell 0: it dropped its share of `step`'s batch (the answer to
     /// `CellMsg::Abort`); it sends its trainer nothing more of it.
     Aborted {

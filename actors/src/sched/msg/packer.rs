@@ -22,6 +22,11 @@ pub enum PackerMsg {
     Claimed { id: MicroStepId, group: GroupId },
     /// From the core: the update of `step` is done.
     Trained { step: Step },
+    /// From the core, when it recovers from checkpoints: every update
+    /// before `version` is durable, so the rows of those steps are never
+    /// trained again (until then a restore to an earlier checkpoint
+    /// trains them again, and they are kept).
+    Durable { version: Version },
     /// From the proxy: one recorded model call of `exec`, for a recorded
     /// sample source. Records must arrive before the group is taken.
     Record {

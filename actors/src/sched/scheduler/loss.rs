@@ -247,6 +247,13 @@ impl Scheduler {
             };
             cx.send(to, CellMsg::NodeBack { node });
         }
+        // The core's node (with checkpoints): the core resends its
+        // restore, cell 0 its switch or return.
+        if self.core_nodes().contains(&node) {
+            tracing::info!(%node, "the core's node back");
+            cx.send(peers.cells[0], CellMsg::NodeBack { node });
+            cx.send(peers.core, CoreMsg::NodeBack { node });
+        }
     }
 
     /// A lost cell (`Some`) or the pool (`None`) reports its rejoin.

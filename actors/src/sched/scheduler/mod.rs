@@ -381,6 +381,7 @@ impl Scheduler {
                 micro_tokens: cfg.micro_tokens,
                 short_micro_steps: cfg.short_micro_steps,
                 streaming: cfg.streaming,
+                keep_until_durable: cfg.watch_nodes && cfg.checkpoint_every.is_some(),
             },
             PackerLinks {
                 buffer,

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""kill -9 of one node agent in the middle of `gyre train --tiny --cluster
+local`, and how the run recovered: from the kill to the node back in the
+run (its restarted agent rebuilt, the scheduler told), to the next update
+published, and the updates made again by a restored core.
+
+usage: scripts/cluster-kill.py GYRE [RUNS]   (e.g. target/release/gyre 3)
+
+Each run trains 40 steps with checkpoints every 2 updates, waits for 3
+updates, then kills node 11 (cell 1: serving or a satellite), node 5 (the
+pool) or node 10 (cell 0, the core). Times are wall-clock seconds from the
+head's log; real time is not reproducible, so read medians.
+"""
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def stamp(line):
+    t = line.split()[0].rstrip("Z")
+    return datetime.fromisoformat(t[:26]).timestamp()
+
+
+def one(gyre, victim, ckdir):
+    cfg = os.path.join(ckdir, "ck.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[checkpoint]\nevery = 2\ndir = "{ckdir}"\n')
+    for name in os.listdir(ckdir):
+        if name.endswith(".ckpt"):
+            os.remove(os.path.join(ckdir, name))
+    env = dict(os.environ, RUST_LOG="info")
+    head = subprocess.Popen(
+        [gyre, "train", "--tiny", "--steps", "40", "--cluster", "local",
+         "--config", cfg, "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    pids, updates, lines = {}, 0, []
+    killed_at = None
+    for raw in head.stderr:
+        line = ANSI.sub("", raw)
+        lines.append(line)
+        m = re.search(r"node agent started node=(\d+) pid=(\d+)", line)
+        if m and m.group(1) not in pids:
+            pids[m.group(1)] = int(m.group(2))
+        updates += "update published" in line
+        if killed_at is None and updates >= 3 and len(pids) == 3:
+            os.kill(pids[victim], signal.SIGKILL)
+            killed_at = time.time()
+    out = head.stdout.read()
+    head.wait()
+    report = json.loads(out)
+    loss = report["node_losses"][0]
+    role = next((re.search(r"role=Some\((\w+)\)", l).group(1)
+                 for l in lines if ("node lost engine=cell" in l or "core's node lost" in l)
+                 and "role=Some" in l), "-")
+    after = [stamp(l) for l in lines if "update published" in l and stamp(l) > killed_at]
+    back = loss["back_at_secs"] - loss["at_secs"] if loss["back_at_secs"] else None
+    return {
+        "role": role,
+        "back": back,
+        "next_update": after[0] - killed_at if after else None,
+        "redone": report["redone_updates"],
+        "steps": report["steps"],
+    }
+
+
+def main():
+    gyre = sys.argv[1]
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    print("| killed | run | role at loss | node back after (s) | next update after (s) | updates redone | steps |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as ckdir:
+        for victim, what in [("11", "cell 1"), ("5", "pool"), ("10", "cell 0 (core)")]:
+            backs, nexts = [], []
+            for r in range(runs):
+                o = one(gyre, victim, ckdir)
+                backs.append(o["back"])
+                nexts.append(o["next_update"])
+                fmt = lambda x: "-" if x is None else f"{x:.3f}"
+                print(f"| {what} | {r + 1} | {o['role']} | {fmt(o['back'])} | "
+                      f"{fmt(o['next_update'])} | {o['redone']} | {o['steps']} |")
+            ok = [b for b in backs if b is not None]
+            nx = [n for n in nexts if n is not None]
+            if ok and nx:
+                print(f"| {what} | median | | {statistics.median(ok):.3f} | "
+                      f"{statistics.median(nx):.3f} | | |")
+
+
+if __name__ == "__main__":
+    main()
