@@ -59,9 +59,11 @@ def one(gyre, victim, ckdir):
     head.wait()
     report = json.loads(out)
     loss = report["node_losses"][0]
-    role = next((re.search(r"role=Some\((\w+)\)", l).group(1)
-                 for l in lines if ("node lost engine=cell" in l or "core's node lost" in l)
-                 and "role=Some" in l), "-")
+    mark = {"11": "node lost engine=cell1 ", "5": "node lost engine=pool ",
+            "10": "the core's node lost "}[victim]
+    role = next((m.group(1) for l in lines if mark in l
+                 for m in [re.search(r"role=(Some\((\w+)\)|None)", l)] if m), "-")
+    role = role.replace("Some(", "").rstrip(")")
     after = [stamp(l) for l in lines if "update published" in l and stamp(l) > killed_at]
     back = loss["back_at_secs"] - loss["at_secs"] if loss["back_at_secs"] else None
     return {
