@@ -281,7 +281,17 @@ fn finish(
     let status = head.wait().unwrap();
     reader.join().unwrap();
     log.extend(rx.try_iter());
-    (status, log.join("\n"), stdout)
+    let text = log.join("\n");
+    // The core checks every step's micro-steps were each consumed once,
+    // no group trained twice and the restored versions; the scheduler's
+    // ledger refuses impossible role changes. Either logs an error.
+    for broken in [
+        "core protocol violation",
+        "the ledger refused a scheduling decision",
+    ] {
+        assert!(!text.contains(broken), "{broken}:\n{text}");
+    }
+    (status, text, stdout)
 }
 
 #[test]

@@ -306,6 +306,13 @@ impl Scheduler {
         &self.log
     }
 
+    /// A decision the ledger refused: logged (a live run's tests read the
+    /// log for it) and kept for the invariant checker.
+    fn refused(&mut self, error: String) {
+        tracing::error!(%error, "the ledger refused a scheduling decision");
+        self.log.errors.push(error);
+    }
+
     fn new_switch(&mut self) -> SwitchId {
         self.next_switch += 1;
         SwitchId(self.next_switch)
@@ -485,7 +492,7 @@ impl Actor for Scheduler {
             SchedMsg::Joined { cell, switch } => {
                 if self.current(cell, switch) && self.ledger.role(cell) == Some(Role::ToTraining) {
                     if let Err(e) = self.ledger.set_role(cell, Role::Training) {
-                        self.log.errors.push(e.to_string());
+                        self.refused(e.to_string());
                     }
                     self.switch_done(cell, true, cx.now());
                     self.supply.reset(cx.now());
@@ -501,7 +508,7 @@ impl Actor for Scheduler {
             SchedMsg::Returned { cell, switch } => {
                 if self.current(cell, switch) && self.ledger.role(cell) == Some(Role::Returning) {
                     if let Err(e) = self.ledger.set_role(cell, Role::Rollout) {
-                        self.log.errors.push(e.to_string());
+                        self.refused(e.to_string());
                     }
                     self.switch_done(cell, false, cx.now());
                     self.launch(cx);

@@ -151,7 +151,7 @@ impl Scheduler {
         let moves = match self.ledger.evacuate(cells) {
             Ok(m) => m,
             Err(e) => {
-                self.log.errors.push(e.to_string());
+                self.refused(e.to_string());
                 return;
             }
         };
@@ -275,7 +275,7 @@ impl Scheduler {
             return;
         };
         if let Err(e) = self.ledger.set_role(cell, Role::Returning) {
-            self.log.errors.push(e.to_string());
+            self.refused(e.to_string());
             return;
         }
         self.group.remove(&cell);
