@@ -5,12 +5,16 @@
 //! 10,000 seeds meet them.
 //!
 //! `cargo run --release -p gyre-simulations --example core_swarm -- BASE COUNT [-v]`
-//! (`-v`: the actors' log lines to stderr, for a replay of one seed).
+//! (`-v`: the actors' log lines to stderr, for a replay of one seed;
+//! `--live`: the live cluster's settings and faults, `swarm::live_swarm_config`
+//! and `swarm::live_plan`).
 
 use std::time::Instant;
 
 use gyre_runtime::sim::FaultPlan;
-use gyre_simulations::swarm::{HORIZON, node_crashes, run_swarm_inspect, swarm_config};
+use gyre_simulations::swarm::{
+    HORIZON, live_plan, live_swarm_config, node_crashes, run_swarm_inspect, swarm_config,
+};
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -19,6 +23,7 @@ fn main() -> Result<(), String> {
             .map_or(Ok(default), |s| s.parse().map_err(|e| format!("{s}: {e}")))
     };
     let verbose = args.iter().any(|a| a == "-v");
+    let live = args.iter().any(|a| a == "--live");
     if verbose {
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
@@ -32,9 +37,17 @@ fn main() -> Result<(), String> {
     let (mut failed, mut core_crashes, mut crashes) = (0u64, 0usize, 0usize);
     let mut unservable = 0u64;
     for seed in base..base.saturating_add(count) {
-        let cfg = swarm_config(seed);
+        let cfg = if live {
+            live_swarm_config(seed)
+        } else {
+            swarm_config(seed)
+        };
         let core = gyre_actors::sched::plan::ClusterPlan::for_config(&cfg.sched).cells[0];
-        let plan = FaultPlan::within(seed, HORIZON);
+        let plan = if live {
+            live_plan(seed)
+        } else {
+            FaultPlan::within(seed, HORIZON)
+        };
         let all = node_crashes(&cfg, &plan);
         if verbose {
             println!("{cfg:?}\ncrashes {all:?}\npartitions {:?}", plan.partitions);

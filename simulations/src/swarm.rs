@@ -20,6 +20,9 @@
 //! its defined outcome (`scheduler::loss`). Three seeds in four checkpoint
 //! (every 1, 2 or 3 steps: [`checkpoint_every`]), and there the core's node
 //! (cell 0's) is crashable too: its loss is a restore (`core::restore`).
+//! The live cluster's settings ([`live_swarm_config`], [`live_plan`]) run
+//! without resends over reliable links, with each restart announced to the
+//! scheduler as the head does (`SchedMsg::NodeBack`).
 //! What a plan does not touch yet: the harness link (the harness is placed
 //! on the scheduler's node, its protocol having no acknowledgements), and
 //! the nodes of the transfer engine and the evaluator backend.
@@ -35,6 +38,7 @@ use crate::checker::{Checker, check_end};
 use crate::random::small_config;
 use crate::run::RunError;
 use crate::world::{ClusterConfig, build};
+use gyre_actors::sched::scheduler::{SchedMsg, Scheduler};
 
 /// How long a seed's faults act.
 pub const HORIZON: Nanos = 600 * SECS;
@@ -69,6 +73,32 @@ pub fn swarm_config(seed: u64) -> ClusterConfig {
     cfg.restartable = true;
     cfg.harness_local = true;
     cfg
+}
+
+/// The live cluster's settings for seed `seed` (`gyre train --cluster`):
+/// no resend timer, a lost node found again only when its host says it is
+/// back (`rejoin_notices`: the head sends `SchedMsg::NodeBack` once a
+/// restarted agent has rebuilt its backends), as [`swarm_config`]
+/// otherwise.
+pub fn live_swarm_config(seed: u64) -> ClusterConfig {
+    let mut cfg = swarm_config(seed);
+    cfg.sched.retry = None;
+    cfg.sched.rejoin_notices = true;
+    cfg
+}
+
+/// The faults a live cluster's settings are built for: node crashes and
+/// restarts over reliable, ordered links (its links are TCP; a lost one
+/// is a lost node), no lost or failed I/O. The crashes, latency and
+/// horizon are `seed`'s plan's.
+pub fn live_plan(seed: u64) -> FaultPlan {
+    let mut plan = FaultPlan::within(seed, HORIZON);
+    plan.link.loss = 0.0;
+    plan.link.duplicate = 0.0;
+    plan.link.fifo = true;
+    plan.io_fail = 0.0;
+    plan.partitions.clear();
+    plan
 }
 
 /// The checkpoint interval of swarm seed `seed`: none for one seed in
@@ -113,11 +143,20 @@ pub fn node_crashes(cfg: &ClusterConfig, plan: &FaultPlan) -> Vec<(Nanos, Nanos,
 }
 
 /// Runs the safety phase to [`HORIZON`], crashing and restarting nodes
-/// on the way.
+/// on the way; with `notices`, each restart is announced to the
+/// scheduler as the live cluster's head does (`SchedMsg::NodeBack`).
 fn run_faults(
     sim: &mut gyre_runtime::sim::Sim,
     crashes: &[(Nanos, Nanos, NodeId)],
+    notices: Option<gyre_runtime::Addr<Scheduler>>,
 ) -> Result<(), SimError> {
+    let bring_back = |sim: &mut gyre_runtime::sim::Sim, node: NodeId| {
+        if sim.restart_node(node) > 0
+            && let Some(sched) = notices
+        {
+            sim.inject(sched.id(), sched, SchedMsg::NodeBack { node });
+        }
+    };
     // (time, restart?, node): at equal times, restarts first.
     let mut acts: Vec<(Nanos, bool, NodeId)> = Vec::new();
     for (at, until, node) in crashes {
@@ -128,7 +167,7 @@ fn run_faults(
     for (t, restart, node) in acts {
         sim.run_until(t)?;
         if restart {
-            sim.restart_node(node);
+            bring_back(sim, node);
         } else {
             sim.crash_node(node);
         }
@@ -136,7 +175,7 @@ fn run_faults(
     sim.run_until(HORIZON)?;
     // Every node is up again for the liveness phase.
     for (_, _, node) in crashes {
-        sim.restart_node(*node);
+        bring_back(sim, *node);
     }
     Ok(())
 }
@@ -254,7 +293,8 @@ pub fn run_swarm_inspect(
         error: None,
     };
     // Phase 1, safety under faults.
-    let first = run_faults(&mut cluster.sim, &crashes);
+    let notices = cfg.sched.rejoin_notices.then_some(cluster.sched);
+    let first = run_faults(&mut cluster.sim, &crashes, notices);
     if let Err(e) = first {
         outcome.error = Some(Box::new(e));
     } else {

@@ -11,7 +11,9 @@
 
 use gyre_runtime::sim::{FaultPlan, check_seeds};
 use gyre_simulations::run::RunError;
-use gyre_simulations::swarm::{HORIZON, run_swarm, run_swarm_seed, swarm_config};
+use gyre_simulations::swarm::{
+    HORIZON, live_plan, live_swarm_config, run_swarm, run_swarm_seed, swarm_config,
+};
 use gyre_simulations::world::Mutation;
 
 const DEFAULT_SEEDS: u64 = 10_000;
@@ -140,4 +142,36 @@ fn a_call_no_engine_could_serve_times_out_as_defined() {
 fn a_hand_over_read_again_after_a_rejoin_is_not_taken_for_the_next() {
     let outcome = run_swarm_seed(1_119_124).expect("the seed runs");
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
+}
+
+/// The live cluster's settings (no resend timer; a restarted node is
+/// announced by its host, `SchedMsg::NodeBack`) under node crashes and
+/// restarts over reliable links: lost cells and the pool rejoin, a
+/// restarted core resumes from its checkpoint (cell 0 switching its fresh
+/// backends to training again), rows of undurable steps are kept for the
+/// redo, and every invariant holds. `GYRE_LIVE_SWARM_SEEDS=N` runs more.
+#[test]
+fn the_live_clusters_settings_survive_node_crashes_announced_by_the_host() {
+    let count = std::env::var("GYRE_LIVE_SWARM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000);
+    let started = std::time::Instant::now();
+    let crashes = std::cell::Cell::new(0usize);
+    check_seeds(count, 0, |seed| {
+        match run_swarm(&live_swarm_config(seed), live_plan(seed)) {
+            Ok(o) => {
+                crashes.set(crashes.get() + o.crashes);
+                o.error.map_or(Ok(()), |e| Err(*e))
+            }
+            Err(RunError::Sim(e)) => Err(*e),
+            Err(RunError::Config(e)) => panic!("seed {seed} drew an invalid config: {e}"),
+        }
+    });
+    eprintln!(
+        "live settings: {count} seeds, {} node crashes, {:.1} s",
+        crashes.get(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(crashes.get() > count as usize / 2, "the plans crash nodes");
 }

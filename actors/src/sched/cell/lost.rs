@@ -88,14 +88,26 @@ impl Cell {
     /// process is asked again. Only with `rejoin_notices`, where nothing
     /// is resent on a timer.
     pub(super) fn on_node_back(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
-        let sent = self.outbox.resend_to(node, cx);
-        tracing::info!(cell = ?self.index, %node, sent, "backends' node back; requests resent");
-        if std::mem::take(&mut self.resync.needed)
+        let resync = std::mem::take(&mut self.resync.needed)
             && matches!(
                 self.phase,
                 Phase::Ready { .. } | Phase::Syncing { .. } | Phase::Training(_)
-            )
-        {
+            );
+        // A resync the node's loss interrupted starts over below: its
+        // steps are not resent (a restore of training memory would reach
+        // fresh backends that hold rollout memory).
+        if resync && self.resync.stage.take().is_some() {
+            for key in [
+                ReqKey::Unload,
+                ReqKey::Release(MemRole::Rollout),
+                ReqKey::Restore(MemRole::Training),
+            ] {
+                self.outbox.forget(&key);
+            }
+        }
+        let sent = self.outbox.resend_to(node, cx);
+        tracing::info!(cell = ?self.index, %node, sent, "backends' node back; requests resent");
+        if resync {
             tracing::info!(cell = ?self.index, "fresh backends: switching them to training again");
             self.resync.stage = Some(Stage::Unloading);
             let reply_to = cx.recipient();
