@@ -343,6 +343,28 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
 
+        // Started again on the head's request, and its next end reported.
+        let launcher = Addr::<Launcher>::new(_launcher.id());
+        node.send(
+            probe.id(),
+            launcher,
+            LauncherMsg::Restart { node: NodeId(10) },
+        )
+        .await
+        .unwrap();
+        match rx.recv().await.unwrap().1 {
+            ClusterEvent::Started { node, pid } => assert_eq!((node, pid), (NodeId(10), 1010)),
+            other => panic!("unexpected {other:?}"),
+        }
+        let tx = placement.senders.lock().unwrap()[&NodeId(10)].clone();
+        tx.send("exit status: 1".into()).unwrap();
+        match rx.recv().await.unwrap().1 {
+            ClusterEvent::Exited { node, status, .. } => {
+                assert_eq!((node, status.as_str()), (NodeId(10), "exit status: 1"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+
         node.shutdown().await;
     }
 }

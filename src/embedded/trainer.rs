@@ -239,7 +239,10 @@ impl TrainerWorker {
         };
         let done = TrainerWorkerMsg::Done;
         match &req {
-            TrainerReq::Warmup { .. } => cx.io(self.warmup(), done),
+            TrainerReq::Warmup { step, .. } => {
+                let step = *step;
+                cx.io(self.warmup(step), done)
+            }
             TrainerReq::FwdBwd { rows, .. } => {
                 let rows = *rows;
                 cx.io(self.fwd_bwd(rows), done)
@@ -300,12 +303,19 @@ impl TrainerWorker {
         self.jobs.begin(req);
     }
 
-    fn warmup(&self) -> Work<Finished> {
+    /// Weights are fixed during a step and step s trains version s, so a
+    /// warm-up loads exactly that version (the newest this process heard
+    /// of may be older: a restarted process missed the announcements).
+    fn warmup(&self, step: Step) -> Work<Finished> {
         let trainer = self.trainer.clone();
         let weights = self.shared.weights.clone();
         Work::new("trainer.warmup", move || {
             let mut t = lock(&trainer);
-            let Some((version, bytes)) = weights.latest() else {
+            let found = weights
+                .get(step)
+                .map(|b| (step, b))
+                .or_else(|| weights.latest());
+            let Some((version, bytes)) = found else {
                 return Ok(Finished::Warm { loaded: None });
             };
             if version == t.version() {

@@ -56,7 +56,8 @@ impl Group {
             }
             let mut readers = HashSet::new();
             while readers.len() + 1 < self.size() {
-                let note = self.recv(&done, || format!("members to read broadcast {call}"))?;
+                let note =
+                    self.recv_probing(&done, || format!("members to read broadcast {call}"))?;
                 if parse_signal(self, &read, &note)?.0 == call {
                     readers.insert(note.from.clone());
                 }

@@ -156,6 +156,29 @@ impl Group {
         rank: usize,
         what: impl Fn() -> String,
     ) -> Result<Notification, CollectiveError> {
+        self.recv_watching(notes, &[rank], what)
+    }
+
+    /// Waits for a notification from any member, failing as soon as one of
+    /// them is found lost: a root waiting for its members does not know
+    /// which one is missing.
+    pub(crate) fn recv_probing(
+        &self,
+        notes: &Receiver<Notification>,
+        what: impl Fn() -> String,
+    ) -> Result<Notification, CollectiveError> {
+        let others: Vec<usize> = (0..self.size()).filter(|&r| r != self.rank).collect();
+        self.recv_watching(notes, &others, what)
+    }
+
+    /// Waits for a notification, probing `ranks` every [`PROBE_EVERY`] and
+    /// failing as soon as one is lost, or after [`STEP_TIMEOUT`].
+    fn recv_watching(
+        &self,
+        notes: &Receiver<Notification>,
+        ranks: &[usize],
+        what: impl Fn() -> String,
+    ) -> Result<Notification, CollectiveError> {
         let start = Instant::now();
         loop {
             match notes.recv_timeout(PROBE_EVERY) {
@@ -174,7 +197,11 @@ impl Group {
                         waited: STEP_TIMEOUT,
                     });
                 }
-                Err(RecvTimeoutError::Timeout) => self.probe(rank, &what)?,
+                Err(RecvTimeoutError::Timeout) => {
+                    for &rank in ranks {
+                        self.probe(rank, &what)?;
+                    }
+                }
             }
         }
     }

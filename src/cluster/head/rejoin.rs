@@ -210,3 +210,55 @@ impl Head {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::proto::{NodeSpec, Role};
+
+    fn rejoins(restarts: u32) -> Rejoins {
+        let spec = |n, r| NodeSpec {
+            node: NodeId(n),
+            roles: vec![r],
+        };
+        Rejoins::new(
+            &[
+                spec(10, Role::Cell(0)),
+                spec(11, Role::Cell(1)),
+                spec(5, Role::Pool),
+            ],
+            restarts,
+        )
+    }
+
+    #[test]
+    fn an_exited_node_is_restarted_while_restarts_remain() {
+        let mut r = rejoins(2);
+        let n = NodeId(11);
+        assert!(r.down(n) && !r.down(n), "a loss is recorded once");
+        assert!(r.is_down(n) && r.can_restart(n));
+        r.exited(n);
+        assert_eq!(std::mem::take(&mut r.to_launch), vec![n]);
+        r.exited(n);
+        assert_eq!(std::mem::take(&mut r.to_launch), vec![n]);
+        assert!(!r.can_restart(n), "two restarts spent");
+        r.exited(n);
+        assert!(r.to_launch.is_empty(), "no third restart");
+        assert!(rejoins(0).to_launch.is_empty() && !rejoins(0).can_restart(n));
+    }
+
+    #[test]
+    fn a_process_lost_while_a_peer_rejoins_is_not_waited_for() {
+        let mut r = rejoins(1);
+        let (back, other) = (NodeId(11), NodeId(5));
+        r.down(back);
+        r.joining
+            .insert(back, (BTreeSet::from([NodeId(10), other]), true));
+        r.down(other);
+        assert_eq!(r.joining[&back].0, BTreeSet::from([NodeId(10)]));
+        // Its own exit while joining starts it over.
+        r.exited(back);
+        assert!(!r.joining.contains_key(&back));
+        assert_eq!(r.to_launch, vec![back]);
+    }
+}
