@@ -20,6 +20,15 @@
 //! starts over (unload, release rollout memory, restore training memory),
 //! each request resent until the node answers; every step is idempotent, so
 //! a node that only was cut off answers them at once.
+//!
+//! Without resends (`SchedConfig::rejoin_notices`, a live cluster's
+//! setting), the node is found again only when its host says it is back
+//! (`CellMsg::NodeBack`, from the scheduler's `SchedMsg::NodeBack`): the
+//! cell then resends what it had asked there. Cell 0 lost after its switch
+//! to training had completed also makes the switch again on the fresh
+//! backends (`Resync`: unload, release rollout memory, restore training
+//! memory), holding a batch the core sends meanwhile until it is done; a
+//! resync a second loss interrupts starts over.
 
 use gyre_runtime::{Cx, NodeId};
 
