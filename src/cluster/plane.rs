@@ -41,7 +41,7 @@ use gyre_runtime::{BlobId, BlobStore, NodeId};
 use serde::{Deserialize, Serialize};
 
 use super::prefix::{Collectives, PrefixGrads, PrefixWeights};
-use crate::embedded::shared::{GradStore, KvStore, Shared, WeightStore, lock};
+use crate::embedded::shared::{GradStore, KvStore, Shared, WeightStore, at_least_now, lock};
 
 /// Where each process's transfer engine listens, and which process holds
 /// what: sent by the head to every node before anything moves.
@@ -106,6 +106,8 @@ const TOPIC_WEIGHTS: &str = "gyre.weights.published";
 /// The ninth byte of a weights notification that voids the versions
 /// after the one it names (a new core restored a checkpoint).
 const ROLLED_BACK: u8 = 1;
+/// How long a load waits for weights its owner does not hold yet.
+const WEIGHTS_WAIT: Duration = Duration::from_secs(30);
 /// Weight versions the core keeps registered.
 const KEEP_WEIGHTS: usize = 4;
 /// Bits of a blob id below its owner's node id.
@@ -745,6 +747,28 @@ impl WeightStore for PlaneWeights {
         self.get(v).map(|b| (v, b))
     }
 
+    /// Waits up to [`WEIGHTS_WAIT`] for the version: across processes it can
+    /// be asked for before its owner holds it again (a restarted core
+    /// publishes its checkpoint's weights only once it has loaded them,
+    /// while the engines of its node are already told to load).
+    fn at_least(&self, version: Version) -> Option<Arc<[u8]>> {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(b) = at_least_now(self, version) {
+                return Some(b);
+            }
+            if started.elapsed() >= WEIGHTS_WAIT {
+                tracing::warn!(
+                    version,
+                    secs = WEIGHTS_WAIT.as_secs(),
+                    "weights never appeared"
+                );
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn roll_back(&self, to: Version) {
         let p = &self.0;
         let voided: Vec<Version> = {
@@ -961,6 +985,75 @@ mod tests {
         assert_eq!(
             PlaneBlobs(p[0].clone()).get(rec).as_deref(),
             Some(&[1u8; 10][..])
+        );
+    }
+
+    #[test]
+    fn a_load_waits_for_weights_their_owner_publishes_later() {
+        let p = three();
+        let core = PlaneWeights(p[1].clone());
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            core.publish(5, Arc::from(vec![5u8; 64]));
+        });
+        let got = PlaneWeights(p[2].clone()).at_least(5);
+        late.join().unwrap();
+        assert_eq!(got.as_deref(), Some(&[5u8; 64][..]));
+    }
+
+    #[test]
+    fn a_rollback_voids_the_later_versions_on_every_process() {
+        let p = three();
+        let (core, cell) = (PlaneWeights(p[1].clone()), PlaneWeights(p[2].clone()));
+        for v in 1..=3u8 {
+            core.publish(u64::from(v), Arc::from(vec![v; 8]));
+        }
+        assert_eq!(
+            cell.get(3).as_deref(),
+            Some(&[3u8; 8][..]),
+            "read and cached"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while cell.newest() < 3 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        core.roll_back(2);
+        while cell.newest() > 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(cell.newest(), 2, "the rollback was announced");
+        assert_eq!(
+            cell.get(3),
+            None,
+            "neither cached nor registered at the core"
+        );
+        assert_eq!(cell.get(2).as_deref(), Some(&[2u8; 8][..]));
+    }
+
+    #[test]
+    fn a_restarted_process_is_reached_at_its_new_address() {
+        let p = three();
+        p[2].stop();
+        let again = Plane::start(NodeId(11), "127.0.0.1:0".parse().unwrap(), secret()).unwrap();
+        let addr = again.local_addr().unwrap();
+        let mut dir = p[0].dir(Clone::clone).unwrap();
+        dir.endpoints.retain(|(n, _)| *n != NodeId(11));
+        dir.endpoints.push((NodeId(11), addr));
+        again.connect(&dir).unwrap();
+        let rec = PlaneBlobs(again.clone()).put(vec![4u8; 100]);
+        assert_eq!(
+            PlaneBlobs(p[0].clone()).get(rec),
+            None,
+            "the old link is dead"
+        );
+        p[0].reconnect(NodeId(11), addr).unwrap();
+        assert_eq!(
+            PlaneBlobs(p[0].clone()).get(rec).as_deref(),
+            Some(&[4u8; 100][..])
+        );
+        assert!(
+            p[0].dir(|d| d.endpoints.contains(&(NodeId(11), addr)))
+                .unwrap()
         );
     }
 

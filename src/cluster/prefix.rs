@@ -338,6 +338,10 @@ impl WeightStore for PrefixWeights {
         self.store.roll_back(to);
     }
 
+    fn at_least(&self, version: Version) -> Option<Arc<[u8]>> {
+        self.store.at_least(version)
+    }
+
     fn broadcasts(&self) -> bool {
         true
     }

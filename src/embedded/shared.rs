@@ -45,6 +45,13 @@ pub trait WeightStore: Send + Sync + fmt::Debug {
     fn get(&self, version: Version) -> Option<Arc<[u8]>>;
     /// The newest version published.
     fn latest(&self) -> Option<(Version, Arc<[u8]>)>;
+    /// The weights of `version`, or the newest ones when it was already
+    /// dropped from the board, for an engine told to serve it. Across
+    /// processes this waits a while for the version to appear (see
+    /// `PlaneWeights`).
+    fn at_least(&self, version: Version) -> Option<Arc<[u8]>> {
+        at_least_now(self, version)
+    }
     /// Whether a broadcast to a prefix's satellites moves parameters
     /// (across processes). In one process satellites read the board at
     /// their next warm-up, so a broadcast has nothing to do.
@@ -64,6 +71,16 @@ pub trait WeightStore: Send + Sync + fmt::Debug {
     fn roll_back(&self, to: Version) {
         let _ = to;
     }
+}
+
+/// [`WeightStore::at_least`] without waiting.
+pub fn at_least_now<W: WeightStore + ?Sized>(board: &W, version: Version) -> Option<Arc<[u8]>> {
+    board.get(version).or_else(|| {
+        board
+            .latest()
+            .filter(|(v, _)| *v >= version)
+            .map(|(_, b)| b)
+    })
 }
 
 /// Where each training cell's drained gradients wait for the core's reduce.

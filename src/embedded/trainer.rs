@@ -479,7 +479,6 @@ impl TrainerWorker {
                 ..op_line(Some(self.cell), &kind, self.arrived, self.began, cx.now())
             });
         }
-        self.fresh = false;
         let ok = match result {
             Ok(f) => Some(f),
             Err(e) => {
@@ -488,6 +487,11 @@ impl TrainerWorker {
                 None
             }
         };
+        // A restore that failed (an unreadable checkpoint, logged above)
+        // leaves the process new: asked again, it loads again.
+        if ok.is_some() || !matches!(req, TrainerReq::Restore { .. }) {
+            self.fresh = false;
+        }
         match req {
             TrainerReq::Warmup { step, reply_to } => {
                 self.stats.warmups += 1;

@@ -16,8 +16,11 @@
 //! drops, a batch it trained in goes back to the queue), the head records
 //! it in the report's `node_losses`, and the run goes on. Once its process
 //! has ended, the launcher starts the agent again (see [`rejoin`]), and the
-//! node rejoins the run. The core's node still fails the run: resuming from
-//! a checkpoint on another process is not wired in the live cluster.
+//! node rejoins the run. So does the core's node when the core writes
+//! durable checkpoints: its restarted trainer resumes from the last one
+//! (`core::restore` in the actors, `TrainerWorker::load_checkpoint` here).
+//! Without checkpoints, or with its restarts spent, the core's loss fails
+//! the run, naming the node.
 
 mod rejoin;
 

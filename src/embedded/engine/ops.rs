@@ -316,35 +316,12 @@ pub fn unload(engine: &mut Engine, pins: Vec<PinId>) -> JobOut {
     JobOut::Unloaded { aborted, errors }
 }
 
-/// How long a load waits for weights not on the board yet. Across
-/// processes a version can be asked for before its owner holds it again: a
-/// restarted core publishes its checkpoint's weights only once it has
-/// loaded them, while the engines of its node are already told to load.
-const WEIGHTS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The published weights for `version`: that version, or the newest one
-/// when it was already dropped from the board; waits up to
-/// [`WEIGHTS_WAIT`] for either to appear.
+/// The published weights for `version`, or newer ones when it was already
+/// dropped from the board (see [`WeightStore::at_least`]).
 fn published(board: &dyn WeightStore, version: Version) -> Result<std::sync::Arc<[u8]>, String> {
-    let started = std::time::Instant::now();
-    loop {
-        let found = board.get(version).or_else(|| {
-            board
-                .latest()
-                .filter(|(v, _)| *v >= version)
-                .map(|(_, b)| b)
-        });
-        match found {
-            Some(b) => return Ok(b),
-            None if started.elapsed() >= WEIGHTS_WAIT => {
-                return Err(format!(
-                    "weights v{version} are not on the board (waited {} s)",
-                    WEIGHTS_WAIT.as_secs()
-                ));
-            }
-            None => std::thread::sleep(std::time::Duration::from_millis(20)),
-        }
-    }
+    board
+        .at_least(version)
+        .ok_or_else(|| format!("weights v{version} are not on the board"))
 }
 
 /// Brings the engine's memory back if it was released and serves the
