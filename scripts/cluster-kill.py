@@ -8,7 +8,10 @@ usage: scripts/cluster-kill.py GYRE [RUNS]   (e.g. target/release/gyre 3)
 
 Each run trains 40 steps with checkpoints every 2 updates, waits for 3
 updates, then kills node 11 (cell 1: serving or a satellite), node 5 (the
-pool) or node 10 (cell 0, the core). Times are wall-clock seconds from the
+pool) or node 10 (cell 0, the core). Killing the head ends the run's
+control (its agents exit); the script starts a new head at once with
+`--resume` and times the kill to the new head's first update, the
+updates made again, and the update the checkpoint held. Times are wall-clock seconds from the
 head's log; real time is not reproducible, so read medians.
 """
 
@@ -31,13 +34,19 @@ def stamp(line):
     return datetime.fromisoformat(t[:26]).timestamp()
 
 
-def one(gyre, victim, ckdir):
+def fresh_config(ckdir):
+    """A config checkpointing every 2 updates into an emptied `ckdir`."""
     cfg = os.path.join(ckdir, "ck.toml")
     with open(cfg, "w") as f:
         f.write(f'[checkpoint]\nevery = 2\ndir = "{ckdir}"\n')
     for name in os.listdir(ckdir):
-        if name.endswith(".ckpt"):
+        if name.endswith(".ckpt") or name == "head.jsonl":
             os.remove(os.path.join(ckdir, name))
+    return cfg
+
+
+def one(gyre, victim, ckdir):
+    cfg = fresh_config(ckdir)
     env = dict(os.environ, RUST_LOG="info")
     head = subprocess.Popen(
         [gyre, "train", "--tiny", "--steps", "40", "--cluster", "local",
@@ -75,6 +84,44 @@ def one(gyre, victim, ckdir):
     }
 
 
+def head_one(gyre, ckdir):
+    """kill -9 of the head after 3 updates, then `--resume` at once."""
+    cfg = fresh_config(ckdir)
+    env = dict(os.environ, RUST_LOG="info")
+    argv = [gyre, "train", "--tiny", "--steps", "40", "--cluster", "local",
+            "--config", cfg, "--json"]
+    head = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, text=True)
+    updates, agents = 0, 0
+    for raw in head.stderr:
+        line = ANSI.sub("", raw)
+        agents += "node agent started" in line
+        updates += "update published" in line
+        if updates >= 3 and agents >= 3:
+            head.kill()
+            killed_at = time.time()
+            break
+    head.wait()
+    resumed = subprocess.Popen(argv + ["--resume"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env, text=True)
+    first = None
+    lines = []
+    for raw in resumed.stderr:
+        line = ANSI.sub("", raw)
+        lines.append(line)
+        if first is None and "update published" in line:
+            first = stamp(line) - killed_at
+    report = json.loads(resumed.stdout.read())
+    resumed.wait()
+    return {
+        "role": f"resumed from v{report['resumed_from']}",
+        "back": None,
+        "next_update": first,
+        "redone": report["redone_updates"],
+        "steps": report["steps"],
+    }
+
+
 def main():
     gyre = sys.argv[1]
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -95,6 +142,16 @@ def main():
             if ok and nx:
                 print(f"| {what} | median | | {statistics.median(ok):.3f} | "
                       f"{statistics.median(nx):.3f} | | |")
+        nexts = []
+        for r in range(runs):
+            o = head_one(gyre, ckdir)
+            nexts.append(o["next_update"])
+            fmt = lambda x: "-" if x is None else f"{x:.3f}"
+            print(f"| head | {r + 1} | {o['role']} | - | {fmt(o['next_update'])} | "
+                  f"{o['redone']} | {o['steps']} |")
+        nx = [n for n in nexts if n is not None]
+        if nx:
+            print(f"| head | median | | | {statistics.median(nx):.3f} | | |")
 
 
 if __name__ == "__main__":

@@ -430,6 +430,22 @@ fn a_hung_node_agent_is_fenced_restarted_and_rejoins() {
     }
 }
 
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// A configuration file in `dir` that has the core checkpoint into `dir`
+/// after every 2 updates; returns its path.
+fn checkpoint_every_2(dir: &std::path::Path) -> String {
+    let config = dir.join("ck.toml");
+    std::fs::write(
+        &config,
+        format!("[checkpoint]\nevery = 2\ndir = \"{}\"\n", dir.display()),
+    )
+    .unwrap();
+    config.display().to_string()
+}
+
 #[test]
 fn a_killed_core_node_resumes_from_its_last_checkpoint_on_a_restarted_agent() {
     // With checkpoints every 2 updates, the core's node (cell 0: the
@@ -439,16 +455,7 @@ fn a_killed_core_node_resumes_from_its_last_checkpoint_on_a_restarted_agent() {
     // updates since it are made again. Whether cell 0 trained or served
     // when it died, the history is one update per version, 1..=40.
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("ck.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[checkpoint]\nevery = 2\ndir = \"{}\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let config = config.display().to_string();
+    let config = checkpoint_every_2(dir.path());
     let (head, rx, reader, log, _) = kill_mid_run("40", "10", 3, &["--config", &config]);
     let (status, text, stdout) = finish(head, &rx, reader, log);
     assert!(
@@ -502,4 +509,87 @@ fn a_killed_core_node_fails_the_run_naming_it() {
             "node agent {pid} outlived the head"
         );
     }
+}
+
+#[test]
+fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
+    // The head hosts the scheduling plane: kill -9 of it ends the run's
+    // control, and its node agents, finding their head gone, exit. Run
+    // again with `--resume` on the same `[checkpoint] dir`, a new head
+    // starts every process from the core's last checkpoint (weights,
+    // AdamW state, version c), keeps the journaled updates up to c, and
+    // trains the rest: the history is one update per version, 1..=40.
+    let dir = tempfile::tempdir().unwrap();
+    let config = checkpoint_every_2(dir.path());
+    let (mut head, rx, reader) = head_with_log("40", &["--json", "--config", &config]);
+    let mut log = Vec::new();
+    let mut published = 0;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !(published >= 7 && started_pids(&log.join("\n")).len() == 3) {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("the run never got going:\n{}", log.join("\n")));
+        published += usize::from(line.contains("update published"));
+        log.push(line);
+    }
+    head.kill().unwrap();
+    head.wait().unwrap();
+    let agents = started_pids(&log.join("\n"));
+    for (node, pid) in &agents {
+        let pid: u64 = pid.parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(gone(pid), "node {node}'s agent {pid} outlived its head");
+    }
+    reader.join().unwrap();
+    let journal = std::fs::read_to_string(dir.path().join("head.jsonl")).unwrap();
+    let journaled = journal.matches(r#""kind":"update""#).count();
+    assert!(journaled >= 7, "{journal}");
+
+    let run = ["train", "--tiny", "--steps", "40", "--cluster", "local"];
+    let with = |more: &[&'static str]| -> Vec<String> {
+        run.iter()
+            .chain(&["--config"])
+            .map(|a| a.to_string())
+            .chain([config.clone()])
+            .chain(more.iter().map(|a| a.to_string()))
+            .collect()
+    };
+    // The directory holds a run: a new one there is refused.
+    let out = common::gyre(&strs(&with(&[])));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--resume"), "{err}");
+
+    let report = json(&strs(&with(&["--json", "--resume"])));
+    let from = report["resumed_from"].as_u64().expect("resumed_from");
+    assert!(from >= 6 && from % 2 == 0, "{report}");
+    assert_eq!(
+        versions(&report),
+        (1..=40).collect::<Vec<u64>>(),
+        "one update per version in the model's history"
+    );
+    assert_eq!(
+        report["redone_updates"].as_u64(),
+        Some(journaled as u64 - from),
+        "the journaled updates after the checkpoint are made again"
+    );
+    assert_eq!(report["earlier_resumes"], 0);
+    // Every step after the checkpoint trained targets from it.
+    let updates = report["updates"].as_array().unwrap();
+    assert!(
+        updates[from as usize..]
+            .iter()
+            .all(|u| u["targets"].as_u64().unwrap() > 0),
+        "{report}"
+    );
+
+    // The run is over: resuming it again has nothing left to train.
+    let out = common::gyre(&strs(&with(&["--resume"])));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("nothing left to train"),
+        "{err}"
+    );
 }

@@ -66,6 +66,8 @@ pub struct Checker {
     policy: Policy,
     boundary: bool,
     batch_groups: usize,
+    /// The version the run started from (`SchedConfig::start_version`).
+    start_version: u64,
     supply: Option<SupplyCheck>,
     prev: Option<Seen>,
     updates_seen: usize,
@@ -97,6 +99,7 @@ impl Checker {
             policy: Policy::Elastic,
             boundary: true,
             batch_groups: 0,
+            start_version: 0,
             supply: None,
             prev: None,
             updates_seen: 0,
@@ -135,6 +138,7 @@ impl Checker {
             self.policy = cfg.policy;
             self.boundary = cfg.dispatch == DispatchMode::Boundary;
             self.batch_groups = cfg.batch_groups as usize;
+            self.start_version = cfg.start_version;
             self.supply = Some(SupplyCheck::new(
                 u64::from(s.derived().supply_threshold),
                 cfg.tau,
@@ -370,16 +374,17 @@ impl Checker {
             self.updates_seen = self.updates_seen.min(log.updates.len());
             self.records_seen = self.records_seen.min(log.records.len());
         }
+        let start = self.start_version;
         for (i, step) in log.updates.iter().enumerate().skip(self.updates_seen) {
-            if *step != i as u64 {
+            if *step != start + i as u64 {
                 return Err(format!("update #{i} was for step {step}: not one per step"));
             }
         }
         self.updates_seen = log.updates.len();
         // The policy version moves by exactly one per optimizer update.
-        if core.version() != log.updates.len() as u64 {
+        if core.version() != start + log.updates.len() as u64 {
             return Err(format!(
-                "policy version {} after {} updates",
+                "policy version {} after {} updates from version {start}",
                 core.version(),
                 log.updates.len()
             ));
@@ -594,13 +599,13 @@ pub fn check_end(cluster: &Cluster) -> Result<(), String> {
             ));
         }
     }
-    let want = cfg.target_steps as usize * cfg.batch_groups as usize;
-    if trained.len() != want || core.log().updates.len() != cfg.target_steps as usize {
+    let steps = cfg.target_steps - cfg.start_version;
+    let want = steps as usize * cfg.batch_groups as usize;
+    if trained.len() != want || core.log().updates.len() != steps as usize {
         return Err(format!(
-            "{} groups trained in {} updates, want {want} in {}",
+            "{} groups trained in {} updates, want {want} in {steps}",
             trained.len(),
             core.log().updates.len(),
-            cfg.target_steps
         ));
     }
     Ok(())

@@ -70,6 +70,7 @@ pub fn small_config(seed: u64) -> ClusterConfig {
         watch_nodes: false,
         rejoin_notices: false,
         reduce_needs_members: false,
+        start_version: 0,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     let costs = &mut cfg.costs;

@@ -56,3 +56,43 @@ fn the_core_checkpoints_after_every_s_th_update() {
         assert_ne!(after, before, "seed {seed}");
     }
 }
+
+/// A head restarted on the checkpoint of version c starts the scheduling
+/// plane there (`start_version`): step c first, one update per step to the
+/// target, checkpoints at the same multiples of S as an unbroken run, and
+/// every invariant (the checker counts versions from c).
+#[test]
+fn a_run_resumed_from_version_c_trains_the_steps_after_it_once_each() {
+    for seed in 0..4 {
+        let cfg = SchedConfig {
+            target_steps: 9,
+            checkpoint_every: Some(2),
+            start_version: 4,
+            ..SchedConfig::default()
+        };
+        let checked = run_checked(&ClusterConfig::new(cfg.clone(), seed))
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let cluster = {
+            let mut c = build(&ClusterConfig::new(cfg, seed)).expect("builds");
+            c.sim.run().expect("runs");
+            c
+        };
+        assert_eq!(cluster.sim.trace_hash(), checked.trace_hash);
+        let core = cluster
+            .sim
+            .actor(cluster.sched)
+            .and_then(|s| s.peers())
+            .and_then(|p| cluster.sim.actor(p.core))
+            .expect("core");
+        assert_eq!(core.version(), 9, "seed {seed}");
+        assert_eq!(core.log().updates, vec![4, 5, 6, 7, 8], "seed {seed}");
+        assert_eq!(core.log().checkpoints, vec![(5, 6), (7, 8)], "seed {seed}");
+    }
+    let bad = SchedConfig {
+        target_steps: 4,
+        start_version: 4,
+        ..SchedConfig::default()
+    };
+    let e = bad.validate().expect_err("nothing left to train");
+    assert!(e.to_string().contains("starts from version 4"), "{e}");
+}

@@ -93,6 +93,12 @@ pub struct TrainArgs {
     /// ended; the node rejoins the run. 0: it stays lost.
     #[arg(long, default_value_t = 3)]
     pub node_restarts: u32,
+    /// With `--cluster`: resume the run whose head was lost, from the
+    /// core's checkpoint and the head's journal in `[checkpoint] dir`
+    /// (same configuration; the updates after the checkpoint are made
+    /// again).
+    #[arg(long)]
+    pub resume: bool,
     /// Put the gateway in front, listening here (`127.0.0.1:0`: a free
     /// port): every execution is an external harness process
     /// (`--harness-cmd`) that reaches the policy only over HTTP. Runs on
@@ -233,6 +239,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
             "--publish, --publish-dir and --reject-retries apply to --engines serve / --engine-urls"
         );
     }
+    if args.resume && args.cluster.is_none() {
+        bail!("--resume resumes a multi-process run whose head was lost: it needs --cluster");
+    }
     if let Some(spec) = &args.cluster {
         let opts = cluster_options(spec, &args)?;
         let report = run_cluster_processes(&cfg, &opts, &mut progress)
@@ -244,6 +253,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             print_live(&report.run);
+            if let Some(v) = report.resumed_from {
+                println!(
+                    "resumed from the core's checkpoint of version {v} ({} earlier resumes; {} updates made again in all)",
+                    report.earlier_resumes, report.redone_updates
+                );
+            }
             let m = &report.bytes_moved;
             println!(
                 "cluster ({}): head pid {} and {} node agents {:?}; bytes moved across processes: weights {}, kv {}, gradients {}, rows {}",
@@ -454,6 +469,7 @@ fn cluster_options(spec: &str, args: &TrainArgs) -> Result<ClusterOptions> {
     opts.listen = args.cluster_listen;
     opts.stall = LIVE_STALL;
     opts.restarts = args.node_restarts;
+    opts.resume = args.resume;
     Ok(opts)
 }
 

@@ -24,6 +24,7 @@ use gyre_actors::sched::{ConfigError, SampleMode, SchedConfig};
 use gyre_actors::trajectory::profile::ProfileConfig;
 use gyre_gpu::engine::{Engine, EngineConfig, EngineError};
 use gyre_gpu::model::{ModelConfig, ParamBuffer};
+use gyre_gpu::trainer::checkpoint::CoreCheckpoint;
 use gyre_gpu::trainer::{ObjectiveConfig, OptimConfig, TrainerError};
 use gyre_runtime::sim::{IoModel, Latency, LinkModel, Sim, SimConfig};
 use gyre_runtime::{Actor, Addr, BlobStore, MICROS, MILLIS, MemBlobs, Nanos, Recipient, SECS};
@@ -415,6 +416,11 @@ pub struct EmbeddedBackends<T: TaskBackends = BuiltInTask> {
     task: T,
     /// The in-process payload store, when the factory made it.
     blobs: Option<Arc<MemBlobs>>,
+    /// The core's checkpoint a resumed run starts from
+    /// (`SchedConfig::start_version` > 0): every engine and trainer starts
+    /// from its parameters, and the core's trainer from its optimizer
+    /// state too.
+    resumed: Option<Arc<CoreCheckpoint>>,
     engine_handles: Vec<EngineHandle>,
     trainer_handles: Vec<TrainerHandle>,
     observer: Option<Recipient<UpdateSummary>>,
@@ -456,10 +462,25 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
                 "checkpoint.every is set but checkpoint.dir is empty".into(),
             ));
         }
-        let params = ParamBuffer::init(&cfg.model, gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a))?;
+        let (params, resumed) = match cfg.sched.start_version {
+            0 => {
+                let seed = gyre_runtime::rng::mix64(cfg.seed ^ 0x9a7a);
+                (ParamBuffer::init(&cfg.model, seed)?, None)
+            }
+            c => {
+                let ckpt = resumed_checkpoint(cfg, c)?;
+                let params = ParamBuffer {
+                    version: ckpt.version,
+                    fingerprint: ckpt.fingerprint,
+                    data: ckpt.params.clone(),
+                };
+                (params, Some(Arc::new(ckpt)))
+            }
+        };
         Ok(Self {
             cfg: cfg.clone(),
             params,
+            resumed,
             shared,
             task,
             blobs: None,
@@ -537,6 +558,9 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
     ) -> Result<(TrainerWorker, MemoryWorker), BuildError> {
         let optim = (c == 0).then_some(self.cfg.optim);
         let th = trainer_handle(&self.shared, &self.params, optim)?;
+        if let (0, Some(ckpt)) = (c, &self.resumed) {
+            lock(&th).restore(ckpt)?;
+        }
         // Every cell starts in rollout: its training memory is parked on
         // the host until a switch restores it.
         lock(&th).release_memory()?;
@@ -557,6 +581,27 @@ impl<T: TaskBackends> EmbeddedBackends<T> {
         self.trainer_handles.push(th);
         Ok((trainer, memory))
     }
+}
+
+/// The core's checkpoint of version `c`, which a resumed run starts from:
+/// refused, naming the file, if it is missing, does not load, or holds
+/// another version (it changed after the head read it).
+fn resumed_checkpoint(cfg: &EmbeddedConfig, c: u64) -> Result<CoreCheckpoint, BuildError> {
+    let path = cfg.checkpoint.path().ok_or_else(|| {
+        BuildError::Checkpoint(format!(
+            "the run resumes from version {c} but [checkpoint] every or dir is not set"
+        ))
+    })?;
+    let ckpt = CoreCheckpoint::load(&path)
+        .map_err(|e| BuildError::Checkpoint(format!("{}: {e}", path.display())))?;
+    if ckpt.version != c {
+        return Err(BuildError::Checkpoint(format!(
+            "{} holds version {}, the run resumes from version {c}",
+            path.display(),
+            ckpt.version
+        )));
+    }
+    Ok(ckpt)
 }
 
 impl<T: TaskBackends> BackendFactory for EmbeddedBackends<T> {

@@ -124,6 +124,13 @@ pub struct SchedConfig {
     /// it (see `CoreConfig::reduce_needs_members`).
     #[serde(default)]
     pub reduce_needs_members: bool,
+    /// The policy version the run starts from: 0 for the initial
+    /// parameters, c when a restarted head resumes from the core's durable
+    /// checkpoint of version c. Step s trains version s, so the first step
+    /// is c and the run trains `target_steps − c` steps. Every scheduling
+    /// id but the version (executions, groups, bursts) starts afresh.
+    #[serde(default)]
+    pub start_version: u64,
 }
 
 impl Default for SchedConfig {
@@ -153,6 +160,7 @@ impl Default for SchedConfig {
             watch_nodes: false,
             rejoin_notices: false,
             reduce_needs_members: false,
+            start_version: 0,
         }
     }
 }
@@ -180,6 +188,10 @@ pub enum ConfigError {
     AsyncSplit { train: u32, k: u32, pool: u32 },
     #[error("samples: {0}")]
     Samples(String),
+    #[error(
+        "the run starts from version {start} but trains only to {target}: nothing left to train"
+    )]
+    StartPastTarget { start: u64, target: u64 },
     #[error(
         "watch_nodes finds a lost node again by resending to it (set retry) or by the host's notice (set rejoin_notices)"
     )]
@@ -213,6 +225,12 @@ impl SchedConfig {
             if v == 0 {
                 return Err(ConfigError::Zero { what });
             }
+        }
+        if self.start_version >= self.target_steps {
+            return Err(ConfigError::StartPastTarget {
+                start: self.start_version,
+                target: self.target_steps,
+            });
         }
         if self.watch_nodes && self.retry.is_none() && !self.rejoin_notices {
             return Err(ConfigError::WatchWithoutRetry);

@@ -182,6 +182,15 @@ impl Core {
         }
     }
 
+    /// Starts from policy version `version` (a head resumed from the
+    /// checkpoint of that version): its first step is `version`, since
+    /// step s trains version s.
+    pub fn starting_at(mut self, version: Version) -> Self {
+        self.step = version;
+        self.version = version;
+        self
+    }
+
     /// Resends unanswered backend requests every `after`.
     pub fn with_retry(mut self, after: Option<Nanos>) -> Self {
         self.outbox = Outbox::new(after);

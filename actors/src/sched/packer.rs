@@ -167,6 +167,13 @@ impl Packer {
         }
     }
 
+    /// Packs from step `step` on (a run resumed at that version).
+    pub fn starting_at(mut self, step: Step) -> Self {
+        self.step = step;
+        self.trained = step;
+        self
+    }
+
     /// Trains from `source` instead of the evaluator's token counts.
     pub fn with_source(mut self, source: Box<dyn SampleSource>) -> Self {
         self.source = source;

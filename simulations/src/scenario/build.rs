@@ -101,6 +101,7 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
         watch_nodes: false,
         rejoin_notices: false,
         reduce_needs_members: false,
+        start_version: 0,
     };
     let mut cfg = ClusterConfig::new(sched, seed);
     // Scenario runs are long: the per-call ids the checker's end

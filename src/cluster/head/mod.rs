@@ -22,11 +22,12 @@
 //! Without checkpoints, or with its restarts spent, the core's loss fails
 //! the run, naming the node.
 
+mod journal;
 mod rejoin;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,7 @@ use gyre_actors::sched::ConfigError;
 use gyre_actors::sched::plan::BackendFactory;
 use gyre_actors::sched::proto::engine::EngineReq;
 use gyre_actors::sched::scheduler::{Backends, Scheduler};
+use gyre_gpu::trainer::checkpoint::CoreCheckpoint;
 use gyre_rdma::ClusterSecret;
 use gyre_runtime::live::{LinkSecret, LiveConfig, LiveNode};
 use gyre_runtime::{ActorId, Addr, External, NodeId, Recipient};
@@ -69,6 +71,9 @@ pub struct ClusterOptions {
     /// never; the node stays lost). Only placements that can start one
     /// agent on its own (`local`, `slurm`) restart.
     pub restarts: u32,
+    /// Resume the run an earlier head lost, from the core's checkpoint and
+    /// the head's journal in `[checkpoint] dir` (see [`journal`]).
+    pub resume: bool,
 }
 
 impl ClusterOptions {
@@ -82,6 +87,7 @@ impl ClusterOptions {
             join_timeout: Duration::from_secs(60),
             stall: Duration::from_secs(300),
             restarts: 3,
+            resume: false,
         }
     }
 }
@@ -114,6 +120,12 @@ pub enum ClusterError {
         "{label} was restarted but its backends answered at other addresses than its first process's"
     )]
     RejoinPorts { label: String },
+    #[error("head journal: {0}")]
+    Journal(#[from] journal::JournalError),
+    #[error("--resume needs the core's checkpoints: set [checkpoint] every and dir")]
+    ResumeWithoutCheckpoints,
+    #[error("the core's checkpoint {path}: {why}")]
+    Checkpoint { path: PathBuf, why: String },
     #[error("no progress for {secs} s: {steps} of {target} steps published")]
     Stalled { secs: u64, steps: u64, target: u64 },
 }
@@ -172,8 +184,13 @@ pub struct ClusterReport {
     /// Node agents lost mid-run, in the order they were lost.
     pub node_losses: Vec<NodeLoss>,
     /// Updates a core restored from its checkpoint rolled back and made
-    /// again (`updates` holds the history: one per version).
+    /// again (`updates` holds the history: one per version), including
+    /// those an earlier head published after its last checkpoint.
     pub redone_updates: u64,
+    /// With `--resume`: the version this head resumed the run from (its
+    /// core's checkpoint), and how many heads resumed it before.
+    pub resumed_from: Option<u64>,
+    pub earlier_resumes: u64,
 }
 
 /// Runs `cfg` across processes as `opts` places them.
@@ -377,6 +394,9 @@ async fn run_head(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ClusterReport, ClusterError> {
     let started = Instant::now();
+    let seed_of_run = cfg.seed;
+    let (mut journal, resumed, cfg) = open_journal(cfg, opts)?;
+    let cfg = &cfg;
     let config_text = cfg.to_toml()?;
     // Built once here so a bad configuration fails before any process starts.
     let workspaces = Arc::new(Workspaces::new());
@@ -440,8 +460,12 @@ async fn run_head(
         ),
         moved: BTreeMap::new(),
         core_recovers: cfg.checkpoint.path().is_some(),
-        redone: 0,
+        redone: resumed.as_ref().map_or(0, |r| r.lost_updates),
     };
+    let earlier = resumed
+        .as_ref()
+        .map(|r| r.updates.clone())
+        .unwrap_or_default();
     let result = drive(
         &mut head,
         cfg,
@@ -451,6 +475,10 @@ async fn run_head(
         &mut factory,
         updates_addr,
         &mut updates_rx,
+        Journaled {
+            journal: journal.as_mut(),
+            earlier,
+        },
         progress,
     )
     .await;
@@ -474,7 +502,7 @@ async fn run_head(
                 .collect();
             Ok(ClusterReport {
                 run: LiveReport {
-                    seed: cfg.seed,
+                    seed: seed_of_run,
                     steps: updates.len() as u64,
                     wall_secs: started.elapsed().as_secs_f64(),
                     updates,
@@ -490,6 +518,8 @@ async fn run_head(
                 bytes_moved,
                 node_losses: head.lost.clone(),
                 redone_updates: head.redone,
+                resumed_from: opts.resume.then_some(cfg.sched.start_version),
+                earlier_resumes: resumed.as_ref().map_or(0, |r| r.resumes),
             })
         }
         Err(e) => Err(e),
@@ -497,6 +527,96 @@ async fn run_head(
     live.shutdown().await;
     plane.stop();
     outcome
+}
+
+/// Waits until the core's checkpoint at `path` holds `version`.
+async fn final_checkpoint(path: &Path, version: u64, within: Duration) -> Result<(), ClusterError> {
+    let deadline = Instant::now() + within;
+    loop {
+        match CoreCheckpoint::peek_version(path) {
+            Ok(v) if v >= version => return Ok(()),
+            // Not written yet, or an older one: the core is writing it.
+            Ok(_) => {}
+            Err(e) if !path.exists() => tracing::debug!(error = %e, "no checkpoint yet"),
+            Err(e) => {
+                return Err(ClusterError::Checkpoint {
+                    path: path.to_owned(),
+                    why: e.to_string(),
+                });
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(ClusterError::Checkpoint {
+                path: path.to_owned(),
+                why: format!(
+                    "the last update's checkpoint (version {version}) was not durable within {} s",
+                    within.as_secs()
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The head's journal, and the updates earlier heads of the run made.
+struct Journaled<'a> {
+    journal: Option<&'a mut journal::HeadJournal>,
+    earlier: Vec<UpdateSummary>,
+}
+
+/// Opens the head's journal when the core writes checkpoints: a new run's
+/// in an unused directory, or, with `--resume`, the lost head's, with the
+/// run's configuration moved to the checkpoint's version (every process
+/// starts from it) and a seed of its own for the work the resumed run
+/// does (so its executions are not those the run began with).
+fn open_journal(
+    cfg: &EmbeddedConfig,
+    opts: &ClusterOptions,
+) -> Result<
+    (
+        Option<journal::HeadJournal>,
+        Option<journal::Resumed>,
+        EmbeddedConfig,
+    ),
+    ClusterError,
+> {
+    let mut cfg = cfg.clone();
+    let Some(ckpt) = cfg.checkpoint.path() else {
+        if opts.resume {
+            return Err(ClusterError::ResumeWithoutCheckpoints);
+        }
+        return Ok((None, None, cfg));
+    };
+    let dir = Path::new(&cfg.checkpoint.dir).to_owned();
+    let digest = journal::config_digest(&cfg.to_toml()?);
+    let target = cfg.sched.target_steps;
+    if !opts.resume {
+        let j = journal::HeadJournal::create(&dir, &digest, target)?;
+        return Ok((Some(j), None, cfg));
+    }
+    let version = if ckpt.exists() {
+        CoreCheckpoint::load(&ckpt)
+            .map_err(|e| ClusterError::Checkpoint {
+                path: ckpt.clone(),
+                why: e.to_string(),
+            })?
+            .version
+    } else {
+        0
+    };
+    let (j, resumed) = journal::HeadJournal::resume(&dir, &digest, target, version)?;
+    tracing::info!(
+        version,
+        kept = resumed.updates.len(),
+        lost = resumed.lost_updates,
+        "resuming the run from the core's checkpoint"
+    );
+    cfg.sched.start_version = version;
+    // 63 bits: the configuration travels to the agents as TOML, whose
+    // integers are signed.
+    cfg.seed = gyre_runtime::rng::mix64(cfg.seed ^ version.rotate_left(32) ^ 0x5e5e) >> 1;
+    cfg.sched.validate()?;
+    Ok((Some(j), Some(resumed), cfg))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -509,6 +629,7 @@ async fn drive(
     factory: &mut EmbeddedBackends,
     updates_addr: Addr<External<UpdateSummary>>,
     updates_rx: &mut Receiver<(ActorId, UpdateSummary)>,
+    mut journaled: Journaled<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Vec<UpdateSummary>, BytesMoved), ClusterError> {
     // Join.
@@ -611,8 +732,9 @@ async fn drive(
     tracing::info!(nodes = head.specs.len(), "cluster assembled; training");
 
     let target = cfg.sched.target_steps;
-    let mut updates: Vec<UpdateSummary> = Vec::new();
-    progress(0, target);
+    let mut updates: Vec<UpdateSummary> = std::mem::take(&mut journaled.earlier);
+    head.steps = updates.len() as u64;
+    progress(updates.len() as u64, target);
     while (updates.len() as u64) < target {
         tokio::select! {
             u = tokio::time::timeout(opts.stall, updates_rx.recv()) => match u {
@@ -623,6 +745,9 @@ async fn drive(
                     let before = updates.len();
                     updates.retain(|x| x.version < u.version);
                     head.redone += (before - updates.len()) as u64;
+                    if let Some(j) = journaled.journal.as_deref_mut() {
+                        j.append(&journal::Line::Update(u))?;
+                    }
                     updates.push(u);
                     head.steps = updates.len() as u64;
                     progress(updates.len() as u64, target);
@@ -644,6 +769,17 @@ async fn drive(
             }
         }
         head.flush_rejoins(&run).await?;
+    }
+
+    // The last update is published; its checkpoint, where one is due,
+    // follows: the run is over once the final model is durable.
+    if let Some(j) = journaled.journal.as_deref_mut() {
+        if let Some(path) = cfg.checkpoint.path()
+            && target % cfg.checkpoint.every == 0
+        {
+            final_checkpoint(&path, target, opts.stall).await?;
+        }
+        j.append(&journal::Line::Finished { version: target })?;
     }
 
     // Collect what moved, then stop every node agent.

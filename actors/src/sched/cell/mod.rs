@@ -184,6 +184,13 @@ impl Cell {
         }
     }
 
+    /// Its engine starts serving `version` (the run's first: see
+    /// `SchedConfig::start_version`).
+    pub fn serving(mut self, version: Version) -> Self {
+        self.version = version;
+        self
+    }
+
     /// Resends unanswered backend requests every `after` (see
     /// [`crate::sched::retry`]).
     pub fn with_retry(mut self, after: Option<Nanos>) -> Self {

@@ -238,8 +238,8 @@ impl Scheduler {
             counters: Counters::default(),
             queue: VecDeque::new(),
             execs: BTreeMap::new(),
-            published: 0,
-            steps_done: 0,
+            published: cfg.start_version,
+            steps_done: cfg.start_version,
             burst: 0,
             done: false,
             switches: vec![None; k],
@@ -379,7 +379,8 @@ impl Scheduler {
                     transfer: b.transfer,
                 },
             )
-            .with_retry(cfg.retry),
+            .with_retry(cfg.retry)
+            .starting_at(cfg.start_version),
         );
         let queue = cx.spawn(MicroQueue::new());
         let mut packer = Packer::new(
@@ -403,7 +404,7 @@ impl Scheduler {
                 packer = packer.with_blobs(store.clone());
             }
         }
-        let packer = cx.spawn(packer);
+        let packer = cx.spawn(packer.starting_at(cfg.start_version));
         let links = |engine, trainer, memory| CellLinks {
             sched: me,
             core,
@@ -416,12 +417,13 @@ impl Scheduler {
         let cells = (0..cfg.cells as usize)
             .map(|i| {
                 let l = links(b.engines[i], Some(b.trainers[i]), Some(b.memories[i]));
-                cx.spawn(Cell::new(i as u32, l, b.kv_bytes_per_token).with_retry(cfg.retry))
+                let cell = Cell::new(i as u32, l, b.kv_bytes_per_token).with_retry(cfg.retry);
+                cx.spawn(cell.serving(cfg.start_version))
             })
             .collect();
         let pool = b.pool_engine.map(|e| {
             let pool = Cell::standalone(links(e, None, None), b.kv_bytes_per_token);
-            cx.spawn(pool.with_retry(cfg.retry))
+            cx.spawn(pool.with_retry(cfg.retry).serving(cfg.start_version))
         });
         Peers {
             proxy,
