@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{ok, versions};
+use common::{field, ok, strip_ansi, versions};
 
 fn json(args: &[&str]) -> serde_json::Value {
     let out = ok(args);
@@ -117,29 +117,6 @@ fn a_tiny_run_trains_across_processes_and_reports_like_the_one_process_run() {
             "node agent {p} outlived the head"
         );
     }
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The value of `key=` in a log line.
-fn field(line: &str, key: &str) -> Option<String> {
-    let at = line.find(&format!(" {key}="))? + key.len() + 2;
-    Some(line[at..].split_whitespace().next()?.to_string())
 }
 
 /// A head training `steps` steps (with `extra` arguments) whose log lines

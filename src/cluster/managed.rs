@@ -5,20 +5,29 @@
 //! cluster secret as a Secret, through `kubectl`.
 //!
 //! The head does not own these processes, so "waiting for a node" is
-//! polling the manager until the job has ended; a node agent that dies
-//! inside a job that goes on is caught by its link (`watch_node`), as with
-//! every placement. The secret reaches the manager only through the
-//! environment (`sbatch --export`) or `kubectl`'s stdin, never a command
-//! line.
+//! polling the manager: under Slurm until the node's step (named
+//! `gyre-node-N`) is gone from the job's steps, under Kubernetes until the
+//! job has ended; a node agent that dies inside a job that goes on is also
+//! caught by its link (`watch_node`), as with every placement. Under
+//! Slurm a lost agent is started again as a new step of the same
+//! allocation (`srun --jobid=JOB --overlap`, a child of the head like the
+//! `slurm` placement's steps), and a hung one is fenced by cancelling its
+//! step (`scancel --signal=KILL JOB.STEP`). The secret reaches the manager
+//! only through the environment (`sbatch --export`) or `kubectl`'s stdin,
+//! never a command line.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gyre_runtime::NodeId;
 
-use super::placement::{HeadInfo, Placement, SECRET_ENV, kubernetes_manifest, sbatch_script};
+use super::placement::{
+    HeadInfo, Launch, Placement, Processes, SECRET_ENV, kubernetes_manifest, sbatch_script,
+    step_name,
+};
 use super::proto::NodeSpec;
 use crate::embedded::shared::lock;
 
@@ -71,6 +80,15 @@ pub struct SlurmBatch {
     extra: Vec<String>,
     /// The submitted job's id, once submitted.
     job: Mutex<Option<Result<u32, String>>>,
+    /// Nodes the batch script started, and those started again since as
+    /// steps of their own (`again`).
+    launched: Mutex<BTreeSet<NodeId>>,
+    restarted: Mutex<BTreeSet<NodeId>>,
+    again: Mutex<Option<std::sync::Arc<Processes>>>,
+    /// The job's steps (`squeue -s`: `ID NAME` lines) as last read, and
+    /// when, shared by every node's wait so the controller is asked once
+    /// per poll however many nodes there are.
+    steps: Mutex<Option<(Instant, String)>>,
 }
 
 impl SlurmBatch {
@@ -80,7 +98,56 @@ impl SlurmBatch {
             specs,
             extra,
             job: Mutex::default(),
+            launched: Mutex::default(),
+            restarted: Mutex::default(),
+            again: Mutex::default(),
+            steps: Mutex::default(),
         }
+    }
+
+    /// The job's steps as `ID NAME` lines, read at most once per poll.
+    fn steps(&self, job: u32) -> Result<String, String> {
+        let mut cached = lock(&self.steps);
+        if let Some((at, text)) = cached.as_ref()
+            && at.elapsed() < POLL
+        {
+            return Ok(text.clone());
+        }
+        let args = ["-h", "-s", "-j", &job.to_string(), "-o", "%i %j"].map(String::from);
+        let text = match run_tool("squeue", &args, None, "") {
+            Ok(text) => text,
+            Err(e) if e.contains("Invalid job id") => String::new(),
+            Err(e) => return Err(e),
+        };
+        *cached = Some((Instant::now(), text.clone()));
+        Ok(text)
+    }
+
+    /// The job's state (`PENDING`, `RUNNING`, …; empty once squeue has
+    /// forgotten a finished job).
+    fn state(job: u32) -> Result<String, String> {
+        let args = ["-h", "-j", &job.to_string(), "-o", "%T"].map(String::from);
+        match run_tool("squeue", &args, None, "") {
+            Ok(state) => Ok(state),
+            Err(e) if e.contains("Invalid job id") => Ok(String::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The backend that starts agents again as steps of `job`.
+    fn again(&self, job: u32) -> std::sync::Arc<Processes> {
+        lock(&self.again)
+            .get_or_insert_with(|| {
+                let launch = Launch::Slurm {
+                    extra: vec![format!("--jobid={job}")],
+                };
+                std::sync::Arc::new(Processes::new(launch, self.head.clone()))
+            })
+            .clone()
+    }
+
+    fn was_restarted(&self, node: NodeId) -> bool {
+        lock(&self.restarted).contains(&node)
     }
 
     /// The `sbatch` arguments; the script comes on stdin.
@@ -131,33 +198,79 @@ impl Placement for SlurmBatch {
     }
 
     /// Submits the one batch job on the first call; every node agent is
-    /// one of its steps, so later calls answer the same job id.
-    fn launch(&self, _spec: &NodeSpec) -> Result<u32, String> {
-        let mut job = lock(&self.job);
-        job.get_or_insert_with(|| self.submit()).clone()
+    /// one of its steps, so later calls answer the same job id. A node
+    /// launched before is being restarted: a new step of the same job,
+    /// whose `srun` is the head's child (its pid is returned).
+    fn launch(&self, spec: &NodeSpec) -> Result<u32, String> {
+        let id = {
+            let mut job = lock(&self.job);
+            job.get_or_insert_with(|| self.submit()).clone()?
+        };
+        if !lock(&self.launched).insert(spec.node) {
+            lock(&self.restarted).insert(spec.node);
+            return self.again(id).launch(spec);
+        }
+        Ok(id)
     }
 
-    fn wait(&self, _node: NodeId) -> Result<String, String> {
+    /// Until the node's step is gone from the job (or the job is over).
+    fn wait(&self, node: NodeId) -> Result<String, String> {
         let id = self.job()?;
+        if self.was_restarted(node) {
+            return self.again(id).wait(node);
+        }
+        let name = step_name(node);
+        let mut seen = false;
         loop {
-            let args = [
-                "-h".into(),
-                "-j".into(),
-                id.to_string(),
-                "-o".into(),
-                "%T".into(),
-            ];
-            // A finished job is soon unknown to squeue: that is its end too.
-            let state = match run_tool("squeue", &args, None, "") {
-                Ok(state) => state,
-                Err(e) if e.contains("Invalid job id") => String::new(),
-                Err(e) => return Err(e),
-            };
-            if state.is_empty() || slurm_job_over(&state) {
-                let state = if state.is_empty() { "gone" } else { &state };
-                return Ok(format!("batch job {id} ended ({state})"));
+            let running = step_of(&self.steps(id)?, &name).is_some();
+            seen |= running;
+            // A step never seen may not have started yet: only the job's
+            // end ends it.
+            if !running {
+                let state = Self::state(id)?;
+                if state.is_empty() || slurm_job_over(&state) {
+                    let state = if state.is_empty() { "gone" } else { &state };
+                    return Ok(format!("batch job {id} ended ({state})"));
+                }
+                if seen {
+                    return Ok(format!("its step {name} of batch job {id} ended"));
+                }
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    fn restarts(&self) -> bool {
+        true
+    }
+
+    /// Cancels the node's step with SIGKILL (its `srun`, if restarted).
+    fn kill(&self, node: NodeId, pid: u32) -> bool {
+        let Ok(id) = self.job() else {
+            return false;
+        };
+        if self.was_restarted(node) {
+            return self.again(id).kill(node, pid);
+        }
+        lock(&self.steps).take();
+        let Ok(steps) = self.steps(id) else {
+            return false;
+        };
+        let Some(step) = step_of(&steps, &step_name(node)) else {
+            return false;
+        };
+        tracing::warn!(
+            node = node.0,
+            step,
+            "fencing a node agent whose link was lost"
+        );
+        let args = ["--signal=KILL".to_string(), step.to_string()];
+        match run_tool("scancel", &args, None, "") {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(node = node.0, step, error = %e, "cancelling the step");
+                false
+            }
         }
     }
 
@@ -167,7 +280,19 @@ impl Placement for SlurmBatch {
         {
             tracing::warn!(job = id, error = %e, "cancelling the batch job");
         }
+        if let Some(again) = lock(&self.again).as_ref() {
+            again.stop_all();
+        }
     }
+}
+
+/// The id (`JOB.STEP`) of the step named `name` in `squeue -s -o "%i %j"`
+/// lines.
+fn step_of<'a>(steps: &'a str, name: &str) -> Option<&'a str> {
+    steps.lines().find_map(|l| {
+        let (id, n) = l.trim().split_once(' ')?;
+        (n.trim() == name).then_some(id)
+    })
 }
 
 /// The Secret holding the cluster secret (key `secret`, hex), for the
@@ -284,6 +409,14 @@ mod tests {
         assert!(!args.iter().any(|a| a.contains(&head().secret_hex)));
         assert!(slurm_job_over("COMPLETED") && slurm_job_over("CANCELLED"));
         assert!(!slurm_job_over("PENDING") && !slurm_job_over("RUNNING"));
+    }
+
+    #[test]
+    fn a_nodes_step_is_found_by_its_name() {
+        let steps = "29.0 gyre-node-11\n29.1 gyre-node-12\n29.batch batch\n";
+        assert_eq!(step_of(steps, &step_name(NodeId(12))), Some("29.1"));
+        assert_eq!(step_of(steps, &step_name(NodeId(1))), None);
+        assert_eq!(step_of("", "gyre-node-11"), None);
     }
 
     /// Golden: the exact documents `kubectl apply -f -` is fed for a cell

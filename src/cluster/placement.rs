@@ -147,6 +147,12 @@ fn node_agent_args(head: &HeadInfo, spec: &NodeSpec) -> Vec<String> {
     ]
 }
 
+/// The name of node `node`'s Slurm step (`srun --job-name`), by which
+/// a batch job's steps are told apart.
+pub(crate) fn step_name(node: NodeId) -> String {
+    format!("gyre-node-{}", node.0)
+}
+
 /// One job step of one task on one node; `--overlap` lets the steps share
 /// an allocation's CPUs, `--kill-on-bad-exit` ends the step with its task.
 fn srun_args(spec: &NodeSpec) -> Vec<String> {
@@ -156,7 +162,7 @@ fn srun_args(spec: &NodeSpec) -> Vec<String> {
         "--ntasks=1".into(),
         "--overlap".into(),
         "--kill-on-bad-exit=1".into(),
-        format!("--job-name=gyre-node-{}", spec.node.0),
+        format!("--job-name={}", step_name(spec.node)),
         format!("--export=ALL,{SECRET_ENV}"),
     ]
 }

@@ -129,3 +129,27 @@ pub fn versions(report: &serde_json::Value) -> Vec<u64> {
         .map(|u| u["version"].as_u64().expect("a version"))
         .collect()
 }
+
+/// `s` without its ANSI colour codes (logs are coloured even when piped).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The value of ` key=value` in a log line.
+pub fn field(line: &str, key: &str) -> Option<String> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    Some(line[at..].split_whitespace().next()?.to_string())
+}
