@@ -12,7 +12,10 @@
 //! Slurm a lost agent is started again as a new step of the same
 //! allocation (`srun --jobid=JOB --overlap`, a child of the head like the
 //! `slurm` placement's steps), and a hung one is fenced by cancelling its
-//! step (`scancel --signal=KILL JOB.STEP`). The secret reaches the manager
+//! step (`scancel --signal=KILL JOB.STEP`). Under Kubernetes a lost agent's
+//! Job (which never restarts its pod) is deleted and applied again alone,
+//! and a hung one is fenced by deleting its Job (its pod goes with it).
+//! The secret reaches the manager
 //! only through the environment (`sbatch --export`) or `kubectl`'s stdin,
 //! never a command line.
 
@@ -312,6 +315,10 @@ pub struct KubernetesJobs {
     /// The head's address as pods reach it.
     head_host: String,
     applied: Mutex<Option<Result<(), String>>>,
+    /// Nodes whose Job was applied (a second launch is a restart).
+    launched: Mutex<BTreeSet<NodeId>>,
+    /// The `kubectl` program (a test names a double).
+    kubectl: String,
 }
 
 /// The Secret's name.
@@ -325,7 +332,31 @@ impl KubernetesJobs {
             image,
             head_host,
             applied: Mutex::default(),
+            launched: Mutex::default(),
+            kubectl: "kubectl".into(),
         }
+    }
+
+    /// Runs `program` instead of `kubectl`.
+    pub fn with_kubectl(mut self, program: &str) -> Self {
+        self.kubectl = program.into();
+        self
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        let args: Vec<String> = args.iter().map(ToString::to_string).collect();
+        run_tool(&self.kubectl, &args, stdin, "")
+    }
+
+    /// Node `node`'s Job, as `kubectl` names it.
+    fn job(node: NodeId) -> String {
+        format!("job/{}", step_name(node))
+    }
+
+    /// Deletes `node`'s Job and with it its pod, if any is left.
+    fn delete(&self, node: NodeId) -> Result<String, String> {
+        let job = Self::job(node);
+        self.kubectl(&["delete", &job, "--ignore-not-found", "--wait=true"], None)
     }
 
     /// Everything `kubectl apply -f -` is fed: the Secret, then the Jobs.
@@ -344,8 +375,8 @@ impl KubernetesJobs {
     }
 
     fn apply(&self) -> Result<(), String> {
-        let args = ["apply".into(), "-f".into(), "-".into()];
-        run_tool("kubectl", &args, Some(&self.documents()), "").map(|_| ())
+        self.kubectl(&["apply", "-f", "-"], Some(&self.documents()))
+            .map(|_| ())
     }
 }
 
@@ -354,23 +385,39 @@ impl Placement for KubernetesJobs {
         "k8s"
     }
 
-    fn launch(&self, _spec: &NodeSpec) -> Result<u32, String> {
+    /// Applies every document on the first call. A node launched before is
+    /// being restarted: its old Job (ended, or fenced) is deleted and its
+    /// Job alone applied again (the Secret stays).
+    fn launch(&self, spec: &NodeSpec) -> Result<u32, String> {
         lock(&self.applied)
             .get_or_insert_with(|| self.apply())
-            .clone()
-            .map(|()| 0)
+            .clone()?;
+        if !lock(&self.launched).insert(spec.node) {
+            self.delete(spec.node)?;
+            let job = kubernetes_manifest(
+                std::slice::from_ref(spec),
+                &self.image,
+                &self.head_host,
+                self.head.addr.port(),
+                K8S_SECRET,
+            );
+            self.kubectl(&["apply", "-f", "-"], Some(&job))?;
+        }
+        Ok(0)
     }
 
     fn wait(&self, node: NodeId) -> Result<String, String> {
-        let job = format!("job/gyre-node-{}", node.0);
-        let args = [
-            "get".into(),
-            job.clone(),
-            "-o".into(),
-            "jsonpath={.status.succeeded},{.status.failed}".into(),
-        ];
+        let job = Self::job(node);
+        let jsonpath = "jsonpath={.status.succeeded},{.status.failed}";
         loop {
-            let status = run_tool("kubectl", &args, None, "")?;
+            let status = match self.kubectl(&["get", &job, "-o", jsonpath], None) {
+                Ok(status) => status,
+                // Deleted (fenced, or by hand): nothing of it runs.
+                Err(e) if e.contains("NotFound") || e.contains("not found") => {
+                    return Ok(format!("{job} was deleted"));
+                }
+                Err(e) => return Err(e),
+            };
             match status.split_once(',') {
                 Some((ok, _)) if !ok.is_empty() && ok != "0" => {
                     return Ok(format!("{job} succeeded"));
@@ -383,11 +430,27 @@ impl Placement for KubernetesJobs {
         }
     }
 
+    fn restarts(&self) -> bool {
+        true
+    }
+
+    /// Deletes the node's Job (its pod with it); `pid` is unknown here.
+    fn kill(&self, node: NodeId, _pid: u32) -> bool {
+        tracing::warn!(node = node.0, "fencing a node agent whose link was lost");
+        match self.kubectl(&["delete", &Self::job(node), "--wait=false"], None) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(node = node.0, error = %e, "deleting the node's Job");
+                false
+            }
+        }
+    }
+
     fn stop_all(&self) {
         for what in [["job", "-l", "app=gyre"], ["secret", "-l", "app=gyre"]] {
-            let mut args = vec!["delete".to_string()];
-            args.extend(what.iter().map(ToString::to_string));
-            if let Err(e) = run_tool("kubectl", &args, None, "") {
+            let mut args = vec!["delete"];
+            args.extend(what);
+            if let Err(e) = self.kubectl(&args, None) {
                 tracing::warn!(error = %e, "cleaning up the Kubernetes Jobs");
             }
         }
@@ -409,6 +472,67 @@ mod tests {
         assert!(!args.iter().any(|a| a.contains(&head().secret_hex)));
         assert!(slurm_job_over("COMPLETED") && slurm_job_over("CANCELLED"));
         assert!(!slurm_job_over("PENDING") && !slurm_job_over("RUNNING"));
+    }
+
+    /// A test double of `kubectl` (the cluster manager is not what the
+    /// test is about): it logs each command line and what `apply` reads,
+    /// and answers `get job/X` from the file `job_X` in its directory,
+    /// or with kubectl's NotFound error when there is none.
+    fn kubectl_double(dir: &std::path::Path) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("kubectl");
+        let d = dir.display();
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"$*\" >> {d}/log\ncase \"$1\" in\n\
+                 apply) cat >> {d}/log; echo '=== end' >> {d}/log;;\n\
+                 get) f={d}/$(echo \"$2\" | tr / _); if [ -f \"$f\" ]; then cat \"$f\"; else \
+                 echo 'Error from server (NotFound): jobs.batch not found' >&2; exit 1; fi;;\nesac\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn kubernetes_restarts_a_lost_agent_by_its_job_alone_and_fences_by_deleting_it() {
+        let dir = std::env::temp_dir().join(format!("gyre-kubectl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let k = KubernetesJobs::new(head(), specs(), "gyre:dev".into(), "gyre-head".into())
+            .with_kubectl(&kubectl_double(&dir));
+        let log = || std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+        assert!(k.restarts());
+        let (cell0, pool) = (&specs()[0], &specs()[1]);
+        k.launch(cell0).unwrap();
+        k.launch(pool).unwrap();
+        assert_eq!(log().matches("apply -f -").count(), 1, "{}", log());
+        assert_eq!(log().matches("kind: Job").count(), 2);
+        // The pod died: its Job failed.
+        std::fs::write(dir.join("job_gyre-node-10"), ",1").unwrap();
+        assert_eq!(k.wait(NodeId(10)).unwrap(), "job/gyre-node-10 failed");
+        // Restarted: the old Job goes, the node's Job alone comes back.
+        k.launch(cell0).unwrap();
+        let text = log();
+        let (_, restart) = text.split_once("=== end\n").unwrap();
+        assert!(
+            restart
+                .contains("\ndelete job/gyre-node-10 --ignore-not-found --wait=true\napply -f -\n"),
+            "{restart}"
+        );
+        assert_eq!(restart.matches("kind: Job").count(), 1, "{restart}");
+        assert!(restart.contains("name: gyre-node-10") && !restart.contains("kind: Secret"));
+        // Hung: fenced by deleting its Job, which then reads as ended.
+        std::fs::remove_file(dir.join("job_gyre-node-10")).unwrap();
+        assert!(k.kill(NodeId(10), 0));
+        assert!(
+            log().ends_with("delete job/gyre-node-10 --wait=false\n"),
+            "{}",
+            log()
+        );
+        assert_eq!(k.wait(NodeId(10)).unwrap(), "job/gyre-node-10 was deleted");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
