@@ -40,7 +40,7 @@ def fresh_config(ckdir):
     with open(cfg, "w") as f:
         f.write(f'[checkpoint]\nevery = 2\ndir = "{ckdir}"\n')
     for name in os.listdir(ckdir):
-        if name.endswith(".ckpt") or name == "head.jsonl":
+        if name.endswith(".ckpt") or name == "run.jsonl":
             os.remove(os.path.join(ckdir, name))
     return cfg
 
@@ -114,7 +114,7 @@ def head_one(gyre, ckdir):
     report = json.loads(resumed.stdout.read())
     resumed.wait()
     return {
-        "role": f"resumed from v{report['resumed_from']}",
+        "role": f"resumed from v{report['resumed']['from_version']}",
         "back": None,
         "next_update": first,
         "redone": report["redone_updates"],

@@ -521,7 +521,7 @@ fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
         assert!(gone(pid), "node {node}'s agent {pid} outlived its head");
     }
     reader.join().unwrap();
-    let journal = std::fs::read_to_string(dir.path().join("head.jsonl")).unwrap();
+    let journal = std::fs::read_to_string(dir.path().join("run.jsonl")).unwrap();
     let journaled = journal.matches(r#""kind":"update""#).count();
     assert!(journaled >= 7, "{journal}");
 
@@ -540,7 +540,9 @@ fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
     assert!(!out.status.success() && err.contains("--resume"), "{err}");
 
     let report = json(&strs(&with(&["--json", "--resume"])));
-    let from = report["resumed_from"].as_u64().expect("resumed_from");
+    let from = report["resumed"]["from_version"]
+        .as_u64()
+        .expect("resumed.from_version");
     assert!(from >= 6 && from % 2 == 0, "{report}");
     assert_eq!(
         versions(&report),
@@ -552,7 +554,8 @@ fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
         Some(journaled as u64 - from),
         "the journaled updates after the checkpoint are made again"
     );
-    assert_eq!(report["earlier_resumes"], 0);
+    assert_eq!(report["resumed"]["earlier_resumes"], 0);
+    assert_eq!(report["resumed"]["lost_updates"], journaled as u64 - from);
     // Every step after the checkpoint trained targets from it.
     let updates = report["updates"].as_array().unwrap();
     assert!(

@@ -77,3 +77,79 @@ fn printed_configuration_reads_back_and_bad_files_are_named() {
     assert!(err.contains("model"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `gyre train --host live` with `[checkpoint] every = 2` journals each
+/// update to `<dir>/run.jsonl`; kill -9 of the process mid-run leaves the
+/// checkpoint and the journal, and `--resume` trains the rest from the
+/// checkpoint: one update per version over the whole run, the journaled
+/// updates past the checkpoint made again. Then the run is finished, and
+/// a second resume has nothing left to train.
+#[test]
+fn a_killed_one_process_run_resumes_from_its_checkpoint_and_journal() {
+    use std::time::{Duration, Instant};
+    let dir = std::env::temp_dir().join(format!("gyre-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("ck.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[checkpoint]\nevery = 2\ndir = {:?}\n",
+            dir.display().to_string()
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let run = [
+        "train", "--tiny", "--steps", "60", "--host", "live", "--config", &config,
+    ];
+    let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(run)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let journal = dir.join("run.jsonl");
+    let updates = || {
+        std::fs::read_to_string(&journal)
+            .unwrap_or_default()
+            .matches(r#""kind":"update""#)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while updates() < 5 {
+        assert!(Instant::now() < deadline, "the run never got going");
+        assert!(first.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let journaled = updates() as u64;
+    assert!(journaled < 60, "killed mid-run");
+
+    let out = ok(&[run.as_slice(), &["--json", "--resume"]].concat());
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let from = r["resumed"]["from_version"].as_u64().expect("resumed");
+    assert!(from >= 2 && from % 2 == 0 && from <= journaled, "{r}");
+    let versions: Vec<u64> = r["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, (1..=60).collect::<Vec<u64>>());
+    assert_eq!(r["resumed"]["lost_updates"], journaled - from, "{r}");
+    assert_eq!(r["seed"], 1, "the report names the run's seed");
+
+    let again = gyre(&[run.as_slice(), &["--resume"]].concat());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && err.contains("nothing left to train"),
+        "{err}"
+    );
+    let fresh = gyre(&run);
+    let err = String::from_utf8_lossy(&fresh.stderr);
+    assert!(!fresh.status.success() && err.contains("--resume"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

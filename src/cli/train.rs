@@ -9,9 +9,11 @@ use std::path::PathBuf;
 use crate::cluster::head::{ClusterOptions, run_cluster as run_cluster_processes};
 use crate::cluster::placement::Launch;
 use crate::embedded::cluster::EmbeddedConfig;
-use crate::embedded::live::{LiveReport, run_live};
+use crate::embedded::live::LiveReport;
 use crate::embedded::record::{run_live_recorded, run_recorded};
-use crate::embedded::run::{TrainReport, run as run_cluster};
+use crate::embedded::resumable;
+use crate::embedded::run::TrainReport;
+use crate::embedded::run_journal::ResumeReport;
 use crate::embedded::serve::{ServeFleet, ServeOptions, run_live_serve, run_serve};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -239,8 +241,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
             "--publish, --publish-dir and --reject-retries apply to --engines serve / --engine-urls"
         );
     }
-    if args.resume && args.cluster.is_none() {
-        bail!("--resume resumes a multi-process run whose head was lost: it needs --cluster");
+    let plain = !sglang && !external && args.record.is_none() && args.host != HostKind::Actix;
+    if args.resume && args.cluster.is_none() && !plain {
+        bail!(
+            "--resume works with the embedded engines on --host sim or live, or with --cluster (not with --record, --engines serve, --engine-urls, --job, --gateway-listen or --host actix)"
+        );
     }
     if let Some(spec) = &args.cluster {
         let opts = cluster_options(spec, &args)?;
@@ -253,12 +258,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             print_live(&report.run);
-            if let Some(v) = report.resumed_from {
-                println!(
-                    "resumed from the core's checkpoint of version {v} ({} earlier resumes; {} updates made again in all)",
-                    report.earlier_resumes, report.redone_updates
-                );
-            }
             let m = &report.bytes_moved;
             println!(
                 "cluster ({}): head pid {} and {} node agents {:?}; bytes moved across processes: weights {}, kv {}, gradients {}, rows {}",
@@ -319,9 +318,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 write_record(&rec, path)?;
                 report
             }
-            None => {
-                run_live(&cfg, LIVE_STALL, &mut progress).context("live embedded training run")?
-            }
+            None => resumable::run_live(&cfg, args.resume, LIVE_STALL, &mut progress)
+                .context("live embedded training run")?,
         };
         show(bar, serde_json::to_string_pretty(&report)?, &|| {
             print_live(&report)
@@ -353,9 +351,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         write_record(&rec, path)?;
         report
     } else {
-        run_cluster(&cfg, &mut progress)
-            .context("embedded training run")?
-            .1
+        resumable::run_sim(&cfg, args.resume, &mut progress).context("embedded training run")?
     };
     if let Some(b) = bar {
         b.finish_and_clear();
@@ -637,7 +633,17 @@ fn opt(x: Option<f64>) -> String {
     x.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
 }
 
+fn print_resumed(r: Option<&ResumeReport>) {
+    if let Some(r) = r {
+        println!(
+            "resumed from the core's checkpoint of version {} ({} earlier resumes; {} journaled updates after the checkpoint made again)",
+            r.from_version, r.earlier_resumes, r.lost_updates
+        );
+    }
+}
+
 fn print_report(cfg: &EmbeddedConfig, r: &TrainReport) {
+    print_resumed(r.resumed.as_ref());
     let m = &cfg.model;
     let s = &cfg.sched;
     println!(
@@ -742,6 +748,7 @@ fn print_updates(updates: &[crate::embedded::trainer::UpdateSummary]) {
 
 fn print_live(r: &LiveReport) {
     print_updates(&r.updates);
+    print_resumed(r.resumed.as_ref());
     println!(
         "reward: first quarter of versions {}, last quarter {}; {} executions, {} scored",
         opt(r.early_reward),

@@ -17,7 +17,8 @@ use serde::Serialize;
 use super::cluster::{Assembled, BuildError, EmbeddedConfig, assemble_journaled};
 use super::journal::Journal;
 use super::run::{VersionReward, rewards};
-use super::shared::lock;
+use super::run_journal::ResumeReport;
+use super::shared::{Shared, lock};
 use super::trainer::UpdateSummary;
 use gyre_actors::sched::plan::Host;
 
@@ -58,6 +59,10 @@ pub struct LiveReport {
     pub late_reward: Option<f64>,
     pub executions: u64,
     pub scored: u64,
+    /// With `--resume`: where the run resumed from (`updates` holds the
+    /// whole history, the earlier runs' journaled updates first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<ResumeReport>,
 }
 
 /// Runs `cfg` on a live node until every step is trained and published,
@@ -78,10 +83,24 @@ pub fn run_live_journaled(
     progress: &mut dyn FnMut(u64, u64),
     journal: Option<Journal>,
 ) -> Result<LiveReport, LiveRunError> {
+    run_live_watched(cfg, stall, progress, journal, |_| {})
+}
+
+/// [`run_live_journaled`], handing `started` the backends' shared boards
+/// once they are built, before the run starts (the run journal's
+/// [`super::run_journal::Follower`] reads the updates from them).
+pub fn run_live_watched(
+    cfg: &EmbeddedConfig,
+    stall: Duration,
+    progress: &mut dyn FnMut(u64, u64),
+    journal: Option<Journal>,
+    started: impl FnOnce(&Shared),
+) -> Result<LiveReport, LiveRunError> {
     on_live_node(
         cfg,
         |node| {
             let parts = assemble_journaled(&mut OnLiveNode(node), cfg, journal)?;
+            started(&parts.shared);
             let handles = parts.backends.engine_handles.clone();
             let target = cfg.sched.target_steps;
             let serving = move || {
@@ -167,6 +186,7 @@ impl LiveReport {
             late_reward,
             executions: task.begun,
             scored: task.scored,
+            resumed: None,
         }
     }
 }

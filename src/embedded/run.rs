@@ -108,6 +108,10 @@ pub struct TrainReport {
     /// Payloads still held at the end (records of executions that never
     /// trained, cancelled calls' prompts): bounded, not growing per step.
     pub blobs_left: usize,
+    /// With `--resume`: where the run resumed from (`updates` holds the
+    /// whole history, the earlier runs' journaled updates first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<super::run_journal::ResumeReport>,
 }
 
 /// The task's counters, for the report.
@@ -307,5 +311,6 @@ fn report<E: EngineBackend>(
         checkpoint_bytes: trainers.iter().map(|t| t.stats().checkpoint_bytes).sum(),
         task: TaskSummary::from(&task),
         blobs_left: gyre_runtime::BlobStore::live(c.blobs.as_ref()),
+        resumed: None,
     })
 }

@@ -22,12 +22,11 @@
 //! Without checkpoints, or with its restarts spent, the core's loss fails
 //! the run, naming the node.
 
-mod journal;
 mod rejoin;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,6 @@ use gyre_actors::sched::ConfigError;
 use gyre_actors::sched::plan::BackendFactory;
 use gyre_actors::sched::proto::engine::EngineReq;
 use gyre_actors::sched::scheduler::{Backends, Scheduler};
-use gyre_gpu::trainer::checkpoint::CoreCheckpoint;
 use gyre_rdma::ClusterSecret;
 use gyre_runtime::live::{LinkSecret, LiveConfig, LiveNode};
 use gyre_runtime::{ActorId, Addr, External, NodeId, Recipient};
@@ -50,6 +48,7 @@ use super::proto::{HEAD, NodeCmd, NodeEvent, NodePorts, NodeSpec, Role, launcher
 use crate::embedded::cluster::{BuildError, ConfigFileError, EmbeddedBackends, EmbeddedConfig};
 use crate::embedded::live::LiveReport;
 use crate::embedded::run::rewards;
+use crate::embedded::run_journal::{self, JournalError, Line, Opened, RunJournal};
 use crate::embedded::task::Workspaces;
 use crate::embedded::trainer::UpdateSummary;
 
@@ -120,12 +119,8 @@ pub enum ClusterError {
         "{label} was restarted but its backends answered at other addresses than its first process's"
     )]
     RejoinPorts { label: String },
-    #[error("head journal: {0}")]
-    Journal(#[from] journal::JournalError),
-    #[error("--resume needs the core's checkpoints: set [checkpoint] every and dir")]
-    ResumeWithoutCheckpoints,
-    #[error("the core's checkpoint {path}: {why}")]
-    Checkpoint { path: PathBuf, why: String },
+    #[error("run journal: {0}")]
+    Journal(#[from] JournalError),
     #[error("no progress for {secs} s: {steps} of {target} steps published")]
     Stalled { secs: u64, steps: u64, target: u64 },
 }
@@ -187,10 +182,6 @@ pub struct ClusterReport {
     /// again (`updates` holds the history: one per version), including
     /// those an earlier head published after its last checkpoint.
     pub redone_updates: u64,
-    /// With `--resume`: the version this head resumed the run from (its
-    /// core's checkpoint), and how many heads resumed it before.
-    pub resumed_from: Option<u64>,
-    pub earlier_resumes: u64,
 }
 
 /// Runs `cfg` across processes as `opts` places them.
@@ -395,7 +386,12 @@ async fn run_head(
 ) -> Result<ClusterReport, ClusterError> {
     let started = Instant::now();
     let seed_of_run = cfg.seed;
-    let (mut journal, resumed, cfg) = open_journal(cfg, opts)?;
+    let Opened {
+        mut journal,
+        resumed,
+        report: resume_report,
+        cfg,
+    } = run_journal::open(cfg, opts.resume)?;
     let cfg = &cfg;
     let config_text = cfg.to_toml()?;
     // Built once here so a bad configuration fails before any process starts.
@@ -511,6 +507,7 @@ async fn run_head(
                     late_reward,
                     executions: task.begun,
                     scored: task.scored,
+                    resumed: resume_report,
                 },
                 placement: placement.name().into(),
                 head_pid: std::process::id(),
@@ -518,8 +515,6 @@ async fn run_head(
                 bytes_moved,
                 node_losses: head.lost.clone(),
                 redone_updates: head.redone,
-                resumed_from: opts.resume.then_some(cfg.sched.start_version),
-                earlier_resumes: resumed.as_ref().map_or(0, |r| r.resumes),
             })
         }
         Err(e) => Err(e),
@@ -529,94 +524,10 @@ async fn run_head(
     outcome
 }
 
-/// Waits until the core's checkpoint at `path` holds `version`.
-async fn final_checkpoint(path: &Path, version: u64, within: Duration) -> Result<(), ClusterError> {
-    let deadline = Instant::now() + within;
-    loop {
-        match CoreCheckpoint::peek_version(path) {
-            Ok(v) if v >= version => return Ok(()),
-            // Not written yet, or an older one: the core is writing it.
-            Ok(_) => {}
-            Err(e) if !path.exists() => tracing::debug!(error = %e, "no checkpoint yet"),
-            Err(e) => {
-                return Err(ClusterError::Checkpoint {
-                    path: path.to_owned(),
-                    why: e.to_string(),
-                });
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(ClusterError::Checkpoint {
-                path: path.to_owned(),
-                why: format!(
-                    "the last update's checkpoint (version {version}) was not durable within {} s",
-                    within.as_secs()
-                ),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The head's journal, and the updates earlier heads of the run made.
 struct Journaled<'a> {
-    journal: Option<&'a mut journal::HeadJournal>,
+    journal: Option<&'a mut RunJournal>,
     earlier: Vec<UpdateSummary>,
-}
-
-/// Opens the head's journal when the core writes checkpoints: a new run's
-/// in an unused directory, or, with `--resume`, the lost head's, with the
-/// run's configuration moved to the checkpoint's version (every process
-/// starts from it) and a seed of its own for the work the resumed run
-/// does (so its executions are not those the run began with).
-fn open_journal(
-    cfg: &EmbeddedConfig,
-    opts: &ClusterOptions,
-) -> Result<
-    (
-        Option<journal::HeadJournal>,
-        Option<journal::Resumed>,
-        EmbeddedConfig,
-    ),
-    ClusterError,
-> {
-    let mut cfg = cfg.clone();
-    let Some(ckpt) = cfg.checkpoint.path() else {
-        if opts.resume {
-            return Err(ClusterError::ResumeWithoutCheckpoints);
-        }
-        return Ok((None, None, cfg));
-    };
-    let dir = Path::new(&cfg.checkpoint.dir).to_owned();
-    let digest = journal::config_digest(&cfg.to_toml()?);
-    let target = cfg.sched.target_steps;
-    if !opts.resume {
-        let j = journal::HeadJournal::create(&dir, &digest, target)?;
-        return Ok((Some(j), None, cfg));
-    }
-    let version = if ckpt.exists() {
-        CoreCheckpoint::load(&ckpt)
-            .map_err(|e| ClusterError::Checkpoint {
-                path: ckpt.clone(),
-                why: e.to_string(),
-            })?
-            .version
-    } else {
-        0
-    };
-    let (j, resumed) = journal::HeadJournal::resume(&dir, &digest, target, version)?;
-    tracing::info!(
-        version,
-        kept = resumed.updates.len(),
-        lost = resumed.lost_updates,
-        "resuming the run from the core's checkpoint"
-    );
-    cfg.sched.start_version = version;
-    // 63 bits: the configuration travels to the agents as TOML, whose
-    // integers are signed.
-    cfg.seed = gyre_runtime::rng::mix64(cfg.seed ^ version.rotate_left(32) ^ 0x5e5e) >> 1;
-    cfg.sched.validate()?;
-    Ok((Some(j), Some(resumed), cfg))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -746,7 +657,7 @@ async fn drive(
                     updates.retain(|x| x.version < u.version);
                     head.redone += (before - updates.len()) as u64;
                     if let Some(j) = journaled.journal.as_deref_mut() {
-                        j.append(&journal::Line::Update(u))?;
+                        j.append(&Line::Update(u))?;
                     }
                     updates.push(u);
                     head.steps = updates.len() as u64;
@@ -774,12 +685,7 @@ async fn drive(
     // The last update is published; its checkpoint, where one is due,
     // follows: the run is over once the final model is durable.
     if let Some(j) = journaled.journal.as_deref_mut() {
-        if let Some(path) = cfg.checkpoint.path()
-            && target % cfg.checkpoint.every == 0
-        {
-            final_checkpoint(&path, target, opts.stall).await?;
-        }
-        j.append(&journal::Line::Finished { version: target })?;
+        tokio::task::block_in_place(|| run_journal::finish(j, cfg, opts.stall))?;
     }
 
     // Collect what moved, then stop every node agent.

@@ -1,12 +1,12 @@
-//! The head's journal, `<checkpoint dir>/head.jsonl`: what a restarted head
-//! needs to resume a run its predecessor lost (`gyre train --cluster …
-//! --resume`).
+//! The run's journal, `<checkpoint dir>/run.jsonl`: what a restarted
+//! `gyre train` needs to resume a run its predecessor lost (`--resume`;
+//! in one process, or a cluster's head).
 //!
 //! The core's checkpoint (`core.ckpt`) already holds what the model is:
 //! weights, optimizer state, step and version. The journal holds what the
 //! run *did*: which configuration it runs (a digest, so a resume with
 //! another configuration is refused), every update as it was published,
-//! and every resume. A restarted head keeps the updates up to the
+//! every resume, and its end. A resumed run keeps the updates up to the
 //! checkpoint's version and counts the ones after it as lost: the core
 //! makes them again from the checkpoint, so the report's history holds one
 //! update per version, as for a core restored mid-run.
@@ -18,14 +18,21 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use gyre_actors::sched::ConfigError;
+use gyre_gpu::trainer::checkpoint::CoreCheckpoint;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::embedded::trainer::UpdateSummary;
+use super::cluster::{ConfigFileError, EmbeddedConfig};
+use super::shared::lock;
+use super::trainer::UpdateSummary;
 
 /// The journal's file name in the checkpoint directory.
-pub const FILE: &str = "head.jsonl";
+pub const FILE: &str = "run.jsonl";
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -56,6 +63,14 @@ pub enum JournalError {
         "{dir} holds an earlier run's {what}: resume it with --resume, or give [checkpoint] dir an empty directory"
     )]
     Occupied { dir: PathBuf, what: &'static str },
+    #[error("--resume needs the core's checkpoints: set [checkpoint] every and dir")]
+    ResumeWithoutCheckpoints,
+    #[error("the core's checkpoint {path}: {why}")]
+    Checkpoint { path: PathBuf, why: String },
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigFileError),
+    #[error("configuration: {0}")]
+    Sched(#[from] ConfigError),
 }
 
 /// One line of the journal.
@@ -82,13 +97,196 @@ pub struct Resumed {
     /// Updates journaled after the checkpoint's version (made again), over
     /// every earlier head.
     pub lost_updates: u64,
-    /// Heads that resumed the run before this one.
+    /// Resumes of the run before this one.
     pub resumes: u64,
+}
+
+/// What a run reports of its resume (`--resume`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ResumeReport {
+    /// The version of the core's checkpoint the run resumed from.
+    pub from_version: u64,
+    /// Resumes before this one.
+    pub earlier_resumes: u64,
+    /// Updates earlier runs journaled after their last checkpoint, made
+    /// again.
+    pub lost_updates: u64,
+}
+
+/// A run's journal as opened for it: none without checkpoints; with
+/// `--resume`, what earlier runs did and the configuration moved to the
+/// checkpoint's version.
+#[derive(Debug)]
+pub struct Opened {
+    pub journal: Option<RunJournal>,
+    pub resumed: Option<Resumed>,
+    pub report: Option<ResumeReport>,
+    /// The configuration to run: `cfg`, or, resumed, starting at the
+    /// checkpoint's version (`SchedConfig::start_version`: every process
+    /// builds from the checkpoint) with a seed of its own for the work the
+    /// resumed run does, so its executions are not those the run began
+    /// with.
+    pub cfg: EmbeddedConfig,
+}
+
+/// Opens the run's journal when the core writes checkpoints: a new run's
+/// in an unused directory, or, with `resume`, the lost run's.
+pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> {
+    let mut cfg = cfg.clone();
+    let Some(ckpt) = cfg.checkpoint.path() else {
+        if resume {
+            return Err(JournalError::ResumeWithoutCheckpoints);
+        }
+        return Ok(Opened {
+            journal: None,
+            resumed: None,
+            report: None,
+            cfg,
+        });
+    };
+    let dir = Path::new(&cfg.checkpoint.dir).to_owned();
+    let digest = config_digest(&cfg.to_toml()?);
+    let target = cfg.sched.target_steps;
+    if !resume {
+        let journal = RunJournal::create(&dir, &digest, target)?;
+        return Ok(Opened {
+            journal: Some(journal),
+            resumed: None,
+            report: None,
+            cfg,
+        });
+    }
+    let version = if ckpt.exists() {
+        CoreCheckpoint::load(&ckpt)
+            .map_err(|e| JournalError::Checkpoint {
+                path: ckpt.clone(),
+                why: e.to_string(),
+            })?
+            .version
+    } else {
+        0
+    };
+    let (journal, resumed) = RunJournal::resume(&dir, &digest, target, version)?;
+    tracing::info!(
+        version,
+        kept = resumed.updates.len(),
+        lost = resumed.lost_updates,
+        "resuming the run from the core's checkpoint"
+    );
+    cfg.sched.start_version = version;
+    // 63 bits: the configuration travels to a cluster's agents as TOML,
+    // whose integers are signed.
+    cfg.seed = gyre_runtime::rng::mix64(cfg.seed ^ version.rotate_left(32) ^ 0x5e5e) >> 1;
+    cfg.sched.validate()?;
+    let report = ResumeReport {
+        from_version: version,
+        earlier_resumes: resumed.resumes,
+        lost_updates: resumed.lost_updates,
+    };
+    Ok(Opened {
+        journal: Some(journal),
+        resumed: Some(resumed),
+        report: Some(report),
+        cfg,
+    })
+}
+
+/// The run trained its last step: waits until the core's checkpoint of it
+/// is durable (where one is due: `cfg`'s target is a multiple of S), so
+/// the final model is on disk, then journals the end.
+pub fn finish(
+    journal: &mut RunJournal,
+    cfg: &EmbeddedConfig,
+    within: Duration,
+) -> Result<(), JournalError> {
+    let target = cfg.sched.target_steps;
+    if let Some(path) = cfg.checkpoint.path()
+        && target % cfg.checkpoint.every == 0
+    {
+        wait_durable(&path, target, within)?;
+    }
+    journal.append(&Line::Finished { version: target })
+}
+
+/// Waits until the core's checkpoint at `path` holds `version`.
+fn wait_durable(path: &Path, version: u64, within: Duration) -> Result<(), JournalError> {
+    let deadline = Instant::now() + within;
+    loop {
+        match CoreCheckpoint::peek_version(path) {
+            Ok(v) if v >= version => return Ok(()),
+            // Not written yet, or an older one: the core is writing it.
+            Ok(_) => {}
+            Err(e) if !path.exists() => tracing::debug!(error = %e, "no checkpoint yet"),
+            Err(e) => {
+                return Err(JournalError::Checkpoint {
+                    path: path.to_owned(),
+                    why: e.to_string(),
+                });
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(JournalError::Checkpoint {
+                path: path.to_owned(),
+                why: format!(
+                    "the last update's checkpoint (version {version}) was not durable within {} s",
+                    within.as_secs()
+                ),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Journals the updates an in-process run's trainers publish (the
+/// backends' shared list), from a thread of its own, as they appear; a
+/// journal write that fails is kept and returned by [`Follower::stop`].
+pub struct Follower {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(RunJournal, Result<(), JournalError>)>,
+}
+
+impl Follower {
+    pub fn spawn(mut journal: RunJournal, updates: Arc<Mutex<Vec<UpdateSummary>>>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = 0;
+            loop {
+                let last = stopping.load(Ordering::Acquire);
+                let new: Vec<UpdateSummary> = lock(&updates)[seen..].to_vec();
+                for u in &new {
+                    if let Err(e) = journal.append(&Line::Update(*u)) {
+                        return (journal, Err(e));
+                    }
+                }
+                seen += new.len();
+                if last {
+                    return (journal, Ok(()));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Self { stop, thread }
+    }
+
+    /// Journals what is left and hands the journal back.
+    pub fn stop(self) -> Result<RunJournal, JournalError> {
+        self.stop.store(true, Ordering::Release);
+        match self.thread.join() {
+            Ok((journal, Ok(()))) => Ok(journal),
+            Ok((_, Err(e))) => Err(e),
+            Err(_) => Err(JournalError::Bad {
+                path: PathBuf::from(FILE),
+                line: 0,
+                why: "the journal's thread panicked".into(),
+            }),
+        }
+    }
 }
 
 /// The journal, open for appending.
 #[derive(Debug)]
-pub struct HeadJournal {
+pub struct RunJournal {
     path: PathBuf,
     file: File,
 }
@@ -106,12 +304,12 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
     }
 }
 
-impl HeadJournal {
+impl RunJournal {
     /// A new run's journal in `dir`, which must hold no earlier run's
     /// journal or core checkpoint (a later restore would load it).
     pub fn create(dir: &Path, digest: &str, target_steps: u64) -> Result<Self, JournalError> {
         for (name, what) in [
-            (FILE, "journal (head.jsonl)"),
+            (FILE, "journal (run.jsonl)"),
             ("core.ckpt", "core checkpoint (core.ckpt)"),
         ] {
             if dir.join(name).exists() {
@@ -292,12 +490,12 @@ mod tests {
     #[test]
     fn a_resume_keeps_the_updates_up_to_the_checkpoint_and_counts_the_rest_lost() {
         let d = dir("resume");
-        let mut j = HeadJournal::create(&d, "abc", 10).unwrap();
+        let mut j = RunJournal::create(&d, "abc", 10).unwrap();
         for v in 1..=5 {
             j.append(&Line::Update(update(v))).unwrap();
         }
         drop(j);
-        let (mut j, r) = HeadJournal::resume(&d, "abc", 10, 4).unwrap();
+        let (mut j, r) = RunJournal::resume(&d, "abc", 10, 4).unwrap();
         assert_eq!(
             r.updates.iter().map(|u| u.version).collect::<Vec<_>>(),
             [1, 2, 3, 4]
@@ -308,7 +506,7 @@ mod tests {
         j.append(&Line::Update(update(5))).unwrap();
         j.append(&Line::Update(update(6))).unwrap();
         drop(j);
-        let (_, r) = HeadJournal::resume(&d, "abc", 10, 6).unwrap();
+        let (_, r) = RunJournal::resume(&d, "abc", 10, 6).unwrap();
         assert_eq!(r.updates.len(), 6);
         assert_eq!((r.lost_updates, r.resumes), (1, 1));
         let _ = std::fs::remove_dir_all(&d);
@@ -317,24 +515,24 @@ mod tests {
     #[test]
     fn a_torn_last_line_is_skipped_and_a_bad_line_elsewhere_is_named() {
         let d = dir("torn");
-        let mut j = HeadJournal::create(&d, "abc", 10).unwrap();
+        let mut j = RunJournal::create(&d, "abc", 10).unwrap();
         j.append(&Line::Update(update(1))).unwrap();
         drop(j);
         let path = d.join(FILE);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(br#"{"kind":"update","st"#).unwrap();
         drop(f);
-        let (mut j, r) = HeadJournal::resume(&d, "abc", 10, 1).unwrap();
+        let (mut j, r) = RunJournal::resume(&d, "abc", 10, 1).unwrap();
         assert_eq!(r.updates.len(), 1);
         j.append(&Line::Update(update(2))).unwrap();
         drop(j);
         // The torn line was cut off, so the next resume reads every line.
-        let (_, r) = HeadJournal::resume(&d, "abc", 10, 2).unwrap();
+        let (_, r) = RunJournal::resume(&d, "abc", 10, 2).unwrap();
         assert_eq!((r.updates.len(), r.resumes), (2, 1));
         // A bad line in the middle is refused, naming it.
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::write(&path, text.replacen("\"update\"", "\"upd\"", 1)).unwrap();
-        let e = HeadJournal::resume(&d, "abc", 10, 2).unwrap_err();
+        let e = RunJournal::resume(&d, "abc", 10, 2).unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }
@@ -342,15 +540,15 @@ mod tests {
     #[test]
     fn another_configuration_or_an_occupied_directory_is_refused() {
         let d = dir("other");
-        drop(HeadJournal::create(&d, "abc", 10).unwrap());
-        let e = HeadJournal::resume(&d, "xyz", 10, 0).unwrap_err();
+        drop(RunJournal::create(&d, "abc", 10).unwrap());
+        let e = RunJournal::resume(&d, "xyz", 10, 0).unwrap_err();
         assert!(matches!(e, JournalError::OtherRun { .. }), "{e}");
-        let e = HeadJournal::create(&d, "abc", 10).unwrap_err();
+        let e = RunJournal::create(&d, "abc", 10).unwrap_err();
         assert!(e.to_string().contains("--resume"), "{e}");
-        let (mut j, _) = HeadJournal::resume(&d, "abc", 10, 0).unwrap();
+        let (mut j, _) = RunJournal::resume(&d, "abc", 10, 0).unwrap();
         j.append(&Line::Finished { version: 10 }).unwrap();
         drop(j);
-        let e = HeadJournal::resume(&d, "abc", 10, 10).unwrap_err();
+        let e = RunJournal::resume(&d, "abc", 10, 10).unwrap_err();
         assert!(e.to_string().contains("nothing left to train"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }
