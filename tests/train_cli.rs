@@ -141,6 +141,15 @@ fn a_killed_one_process_run_resumes_from_its_checkpoint_and_journal() {
     assert_eq!(versions, (1..=60).collect::<Vec<u64>>());
     assert_eq!(r["resumed"]["lost_updates"], journaled - from, "{r}");
     assert_eq!(r["seed"], 1, "the report names the run's seed");
+    // The rewards of the killed run's executions are in the curve too.
+    assert!(
+        r["reward_by_version"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["version"].as_u64().unwrap() < from),
+        "{r}"
+    );
 
     let again = gyre(&[run.as_slice(), &["--resume"]].concat());
     let err = String::from_utf8_lossy(&again.stderr);

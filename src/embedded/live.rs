@@ -8,6 +8,7 @@
 //! the task's board holds the rewards. The run ends once the last version
 //! is published and every rollout engine serves it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gyre_runtime::live::{LiveConfig, LiveNode};
@@ -19,6 +20,7 @@ use super::journal::Journal;
 use super::run::{VersionReward, rewards};
 use super::run_journal::ResumeReport;
 use super::shared::{Shared, lock};
+use super::task::Workspaces;
 use super::trainer::UpdateSummary;
 use gyre_actors::sched::plan::Host;
 
@@ -83,24 +85,25 @@ pub fn run_live_journaled(
     progress: &mut dyn FnMut(u64, u64),
     journal: Option<Journal>,
 ) -> Result<LiveReport, LiveRunError> {
-    run_live_watched(cfg, stall, progress, journal, |_| {})
+    run_live_watched(cfg, stall, progress, journal, |_, _| {})
 }
 
 /// [`run_live_journaled`], handing `started` the backends' shared boards
-/// once they are built, before the run starts (the run journal's
-/// [`super::run_journal::Follower`] reads the updates from them).
+/// and the task's workspaces once they are built, before the run starts
+/// (the run journal's [`super::run_journal::Follower`] reads the updates
+/// and rewards from them).
 pub fn run_live_watched(
     cfg: &EmbeddedConfig,
     stall: Duration,
     progress: &mut dyn FnMut(u64, u64),
     journal: Option<Journal>,
-    started: impl FnOnce(&Shared),
+    started: impl FnOnce(&Shared, &Arc<Workspaces>),
 ) -> Result<LiveReport, LiveRunError> {
     on_live_node(
         cfg,
         |node| {
             let parts = assemble_journaled(&mut OnLiveNode(node), cfg, journal)?;
-            started(&parts.shared);
+            started(&parts.shared, &parts.workspaces);
             let handles = parts.backends.engine_handles.clone();
             let target = cfg.sched.target_steps;
             let serving = move || {

@@ -15,6 +15,7 @@
 //! goes on, so a crash leaves at most a torn last line, which is ignored
 //! (and logged); a bad line anywhere else is refused, naming it.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::cluster::{ConfigFileError, EmbeddedConfig};
 use super::shared::lock;
+use super::task::{RewardTally, TaskStats, Workspaces};
 use super::trainer::UpdateSummary;
 
 /// The journal's file name in the checkpoint directory.
@@ -84,6 +86,10 @@ pub enum Line {
     Resume { version: u64, lost_updates: u64 },
     /// An update, as the core published it.
     Update(UpdateSummary),
+    /// The task's reward tallies by the version executions were
+    /// dispatched under, for the versions whose tally changed since the
+    /// last such line (whole values, so the last line of a version wins).
+    Rewards { tallies: Vec<(u64, RewardTally)> },
     /// The run trained its last step (and, where one was due, the core's
     /// checkpoint of it is durable): there is nothing to resume.
     Finished { version: u64 },
@@ -99,6 +105,51 @@ pub struct Resumed {
     pub lost_updates: u64,
     /// Resumes of the run before this one.
     pub resumes: u64,
+    /// The reward tallies of the versions up to the checkpoint's, as the
+    /// earlier runs scored them.
+    pub rewards: BTreeMap<u64, RewardTally>,
+}
+
+impl Resumed {
+    /// `stats` with the earlier runs' reward tallies added, so the reward
+    /// by version spans the whole run.
+    pub fn with_rewards(&self, mut stats: TaskStats) -> TaskStats {
+        for (v, t) in &self.rewards {
+            let here = stats.by_version.entry(*v).or_default();
+            here.scored += t.scored;
+            here.reward_sum += t.reward_sum;
+        }
+        stats
+    }
+}
+
+/// What of the task's reward tallies is not journaled yet.
+#[derive(Debug, Default)]
+pub struct RewardsSeen {
+    seen: BTreeMap<u64, RewardTally>,
+}
+
+impl RewardsSeen {
+    /// Journals the tallies of `workspaces` that changed since the last
+    /// call, if any did.
+    pub fn journal(
+        &mut self,
+        journal: &mut RunJournal,
+        workspaces: &Workspaces,
+    ) -> Result<(), JournalError> {
+        let now = workspaces.stats().by_version;
+        let tallies: Vec<(u64, RewardTally)> = now
+            .iter()
+            .filter(|(v, t)| self.seen.get(v) != Some(t))
+            .map(|(v, t)| (*v, *t))
+            .collect();
+        if tallies.is_empty() {
+            return Ok(());
+        }
+        journal.append(&Line::Rewards { tallies })?;
+        self.seen = now;
+        Ok(())
+    }
 }
 
 /// What a run reports of its resume (`--resume`).
@@ -246,11 +297,18 @@ pub struct Follower {
 }
 
 impl Follower {
-    pub fn spawn(mut journal: RunJournal, updates: Arc<Mutex<Vec<UpdateSummary>>>) -> Self {
+    /// Follows `updates`, and with each journaled update the reward
+    /// tallies of `workspaces`.
+    pub fn spawn(
+        mut journal: RunJournal,
+        updates: Arc<Mutex<Vec<UpdateSummary>>>,
+        workspaces: Arc<Workspaces>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut seen = 0;
+            let mut rewards = RewardsSeen::default();
             loop {
                 let last = stopping.load(Ordering::Acquire);
                 let new: Vec<UpdateSummary> = lock(&updates)[seen..].to_vec();
@@ -260,6 +318,11 @@ impl Follower {
                     }
                 }
                 seen += new.len();
+                if (!new.is_empty() || last)
+                    && let Err(e) = rewards.journal(&mut journal, &workspaces)
+                {
+                    return (journal, Err(e));
+                }
                 if last {
                     return (journal, Ok(()));
                 }
@@ -395,6 +458,9 @@ impl RunJournal {
                     resumed.resumes += 1;
                     resumed.lost_updates += lost_updates;
                 }
+                Line::Rewards { tallies } => {
+                    resumed.rewards.extend(tallies.iter().copied());
+                }
                 Line::Finished { version } => {
                     return Err(JournalError::Finished {
                         path,
@@ -404,6 +470,9 @@ impl RunJournal {
                 Line::Run { .. } => {}
             }
         }
+        // Executions under versions past the checkpoint ran policies the
+        // resume discards.
+        resumed.rewards.retain(|v, _| *v <= version);
         let lost = history.iter().filter(|u| u.version > version).count() as u64;
         history.retain(|u| u.version <= version);
         resumed.updates = history;
@@ -494,11 +563,25 @@ mod tests {
         for v in 1..=5 {
             j.append(&Line::Update(update(v))).unwrap();
         }
+        let tally = |scored, reward_sum| RewardTally { scored, reward_sum };
+        j.append(&Line::Rewards {
+            tallies: vec![(0, tally(4, 1.0)), (5, tally(2, 2.0))],
+        })
+        .unwrap();
+        j.append(&Line::Rewards {
+            tallies: vec![(0, tally(6, 1.5))],
+        })
+        .unwrap();
         drop(j);
         let (mut j, r) = RunJournal::resume(&d, "abc", 10, 4).unwrap();
         assert_eq!(
             r.updates.iter().map(|u| u.version).collect::<Vec<_>>(),
             [1, 2, 3, 4]
+        );
+        // The last tally of a version wins; those past the checkpoint go.
+        assert_eq!(
+            r.rewards.clone().into_iter().collect::<Vec<_>>(),
+            [(0, tally(6, 1.5))]
         );
         assert_eq!((r.lost_updates, r.resumes), (1, 0));
         // The second head makes 5 and 6 again, then dies; a third resumes

@@ -48,7 +48,7 @@ use super::proto::{HEAD, NodeCmd, NodeEvent, NodePorts, NodeSpec, Role, launcher
 use crate::embedded::cluster::{BuildError, ConfigFileError, EmbeddedBackends, EmbeddedConfig};
 use crate::embedded::live::LiveReport;
 use crate::embedded::run::rewards;
-use crate::embedded::run_journal::{self, JournalError, Line, Opened, RunJournal};
+use crate::embedded::run_journal::{self, JournalError, Line, Opened, RewardsSeen, RunJournal};
 use crate::embedded::task::Workspaces;
 use crate::embedded::trainer::UpdateSummary;
 
@@ -474,6 +474,8 @@ async fn run_head(
         Journaled {
             journal: journal.as_mut(),
             earlier,
+            workspaces: workspaces.clone(),
+            rewards: RewardsSeen::default(),
         },
         progress,
     )
@@ -485,7 +487,10 @@ async fn run_head(
     let outcome = match result {
         Ok((updates, bytes_moved)) => {
             let task = workspaces.stats();
-            let (reward_by_version, early_reward, late_reward) = rewards(&task);
+            let (reward_by_version, early_reward, late_reward) = match &resumed {
+                Some(r) => rewards(&r.with_rewards(task.clone())),
+                None => rewards(&task),
+            };
             let processes = specs
                 .iter()
                 .map(|s| ProcessReport {
@@ -524,10 +529,13 @@ async fn run_head(
     outcome
 }
 
-/// The head's journal, and the updates earlier heads of the run made.
+/// The head's journal, the updates earlier heads of the run made, and
+/// the task's reward tallies it journals with each update.
 struct Journaled<'a> {
     journal: Option<&'a mut RunJournal>,
     earlier: Vec<UpdateSummary>,
+    workspaces: Arc<Workspaces>,
+    rewards: RewardsSeen,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -658,6 +666,7 @@ async fn drive(
                     head.redone += (before - updates.len()) as u64;
                     if let Some(j) = journaled.journal.as_deref_mut() {
                         j.append(&Line::Update(u))?;
+                        journaled.rewards.journal(j, &journaled.workspaces)?;
                     }
                     updates.push(u);
                     head.steps = updates.len() as u64;

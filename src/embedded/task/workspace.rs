@@ -65,7 +65,7 @@ impl Workspace {
 }
 
 /// Reward of the executions scored under one policy version.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RewardTally {
     pub scored: u64,
     pub reward_sum: f64,
