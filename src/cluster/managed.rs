@@ -374,7 +374,19 @@ impl KubernetesJobs {
         )
     }
 
+    /// Applies every document, after deleting the Jobs an earlier run
+    /// left (a lost head's: a Job's template cannot be changed in place,
+    /// and a resumed run's agents join another head).
     fn apply(&self) -> Result<(), String> {
+        let leftovers = [
+            "delete",
+            "job",
+            "-l",
+            "app=gyre",
+            "--ignore-not-found",
+            "--wait=true",
+        ];
+        self.kubectl(&leftovers, None)?;
         self.kubectl(&["apply", "-f", "-"], Some(&self.documents()))
             .map(|_| ())
     }
@@ -507,6 +519,12 @@ mod tests {
         let (cell0, pool) = (&specs()[0], &specs()[1]);
         k.launch(cell0).unwrap();
         k.launch(pool).unwrap();
+        assert!(
+            log()
+                .starts_with("delete job -l app=gyre --ignore-not-found --wait=true\napply -f -\n"),
+            "an earlier run's Jobs go first: {}",
+            log()
+        );
         assert_eq!(log().matches("apply -f -").count(), 1, "{}", log());
         assert_eq!(log().matches("kind: Job").count(), 2);
         // The pod died: its Job failed.

@@ -312,17 +312,22 @@ impl Follower {
             loop {
                 let last = stopping.load(Ordering::Acquire);
                 let new: Vec<UpdateSummary> = lock(&updates)[seen..].to_vec();
-                for u in &new {
-                    if let Err(e) = journal.append(&Line::Update(*u)) {
-                        return (journal, Err(e));
-                    }
-                }
-                seen += new.len();
-                if (!new.is_empty() || last)
-                    && let Err(e) = rewards.journal(&mut journal, &workspaces)
-                {
+                let written = new
+                    .iter()
+                    .try_for_each(|u| journal.append(&Line::Update(*u)))
+                    .and_then(|()| {
+                        if new.is_empty() && !last {
+                            return Ok(());
+                        }
+                        rewards.journal(&mut journal, &workspaces)
+                    });
+                if let Err(e) = written {
+                    // Said now, not only at the end: the run trains on,
+                    // but a crash from here on resumes with less history.
+                    tracing::error!(error = %e, "the run journal could not be written; journaling stops");
                     return (journal, Err(e));
                 }
+                seen += new.len();
                 if last {
                     return (journal, Ok(()));
                 }
