@@ -160,5 +160,22 @@ fn a_killed_one_process_run_resumes_from_its_checkpoint_and_journal() {
     let fresh = gyre(&run);
     let err = String::from_utf8_lossy(&fresh.stderr);
     assert!(!fresh.status.success() && err.contains("--resume"), "{err}");
+    // Asked for more steps, the finished run trains on from its final
+    // checkpoint (the target is not part of the configuration's digest).
+    let mut further = run;
+    further[3] = "64";
+    let out = ok(&[further.as_slice(), &["--json", "--resume"]].concat());
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(r["resumed"]["from_version"], 60, "{r}");
+    // Counted over every resume: only the killed run's lost some.
+    assert_eq!(r["resumed"]["lost_updates"], journaled - from, "{r}");
+    assert_eq!(r["resumed"]["earlier_resumes"], 1, "{r}");
+    let versions: Vec<u64> = r["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, (1..=64).collect::<Vec<u64>>());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -196,7 +196,13 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
         });
     };
     let dir = Path::new(&cfg.checkpoint.dir).to_owned();
-    let digest = config_digest(&cfg.to_toml()?);
+    // The target is left out: a finished run may be resumed to train
+    // further (`--steps` larger than before).
+    let digest = {
+        let mut same = cfg.clone();
+        same.sched.target_steps = 0;
+        config_digest(&same.to_toml()?)
+    };
     let target = cfg.sched.target_steps;
     if !resume {
         let journal = RunJournal::create(&dir, &digest, target)?;
@@ -466,12 +472,15 @@ impl RunJournal {
                 Line::Rewards { tallies } => {
                     resumed.rewards.extend(tallies.iter().copied());
                 }
-                Line::Finished { version } => {
+                // Finished at the target asked now: nothing left. A larger
+                // target trains on from the final checkpoint.
+                Line::Finished { version } if *version >= target_steps => {
                     return Err(JournalError::Finished {
                         path,
                         version: *version,
                     });
                 }
+                Line::Finished { .. } => {}
                 Line::Run { .. } => {}
             }
         }
@@ -638,6 +647,9 @@ mod tests {
         drop(j);
         let e = RunJournal::resume(&d, "abc", 10, 10).unwrap_err();
         assert!(e.to_string().contains("nothing left to train"), "{e}");
+        // Asked to train further, a finished run goes on.
+        let (_, r) = RunJournal::resume(&d, "abc", 12, 10).unwrap();
+        assert_eq!((r.resumes, r.lost_updates), (1, 0));
         let _ = std::fs::remove_dir_all(&d);
     }
 }
