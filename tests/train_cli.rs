@@ -5,7 +5,7 @@
 //! field named and a non-zero exit.
 
 mod common;
-use common::{gyre, ok};
+use common::{gyre, ok, versions};
 
 fn report(seed: &str) -> serde_json::Value {
     let out = ok(&["train", "--tiny", "--steps", "2", "--seed", seed, "--json"]);
@@ -132,13 +132,7 @@ fn a_killed_one_process_run_resumes_from_its_checkpoint_and_journal() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
     let from = r["resumed"]["from_version"].as_u64().expect("resumed");
     assert!(from >= 2 && from % 2 == 0 && from <= journaled, "{r}");
-    let versions: Vec<u64> = r["updates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["version"].as_u64().unwrap())
-        .collect();
-    assert_eq!(versions, (1..=60).collect::<Vec<u64>>());
+    assert_eq!(versions(&r), (1..=60).collect::<Vec<u64>>());
     assert_eq!(r["resumed"]["lost_updates"], journaled - from, "{r}");
     assert_eq!(r["seed"], 1, "the report names the run's seed");
     // The rewards of the killed run's executions are in the curve too.
@@ -170,12 +164,6 @@ fn a_killed_one_process_run_resumes_from_its_checkpoint_and_journal() {
     // Counted over every resume: only the killed run's lost some.
     assert_eq!(r["resumed"]["lost_updates"], journaled - from, "{r}");
     assert_eq!(r["resumed"]["earlier_resumes"], 1, "{r}");
-    let versions: Vec<u64> = r["updates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["version"].as_u64().unwrap())
-        .collect();
-    assert_eq!(versions, (1..=64).collect::<Vec<u64>>());
+    assert_eq!(versions(&r), (1..=64).collect::<Vec<u64>>());
     std::fs::remove_dir_all(&dir).unwrap();
 }
