@@ -90,7 +90,7 @@ pub struct TrainArgs {
     /// argument with `slurm-batch`), repeatable.
     #[arg(long)]
     pub srun_arg: Vec<String>,
-    /// With `--cluster local|slurm`: how many times a lost node agent
+    /// With `--cluster`: how many times a lost node agent
     /// (not the core's) is started again, per node, after its process
     /// ended; the node rejoins the run. 0: it stays lost.
     #[arg(long, default_value_t = 3)]

@@ -57,7 +57,7 @@ pub trait Placement: Send + Sync + 'static {
     fn stop_all(&self);
     /// Whether `launch` may start a node again after its process ended
     /// (a lost node agent restarted). The managed backends start every
-    /// agent in one submission and cannot.
+    /// agent in one submission and restart one as its own step or Job.
     fn restarts(&self) -> bool {
         false
     }

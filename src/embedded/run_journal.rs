@@ -223,6 +223,10 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
     } else {
         0
     };
+    // Checked before the resume is journaled: one that cannot run (nothing
+    // left to train) must not count as a resume.
+    cfg.sched.start_version = version;
+    cfg.sched.validate()?;
     let (journal, resumed) = RunJournal::resume(&dir, &digest, target, version)?;
     tracing::info!(
         version,
@@ -230,11 +234,9 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
         lost = resumed.lost_updates,
         "resuming the run from the core's checkpoint"
     );
-    cfg.sched.start_version = version;
     // 63 bits: the configuration travels to a cluster's agents as TOML,
     // whose integers are signed.
     cfg.seed = gyre_runtime::rng::mix64(cfg.seed ^ version.rotate_left(32) ^ 0x5e5e) >> 1;
-    cfg.sched.validate()?;
     let report = ResumeReport {
         from_version: version,
         earlier_resumes: resumed.resumes,
@@ -631,6 +633,32 @@ mod tests {
         std::fs::write(&path, text.replacen("\"update\"", "\"upd\"", 1)).unwrap();
         let e = RunJournal::resume(&d, "abc", 10, 2).unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A resume that cannot run (the checkpoint is at the target, the
+    /// `finished` line never written) is refused and not journaled.
+    #[test]
+    fn a_resume_with_nothing_left_to_train_is_refused_and_not_journaled() {
+        let d = dir("nothing-left");
+        let mut cfg = EmbeddedConfig::tiny(1);
+        cfg.sched.target_steps = 4;
+        cfg.checkpoint.every = 2;
+        cfg.checkpoint.dir = d.display().to_string();
+        drop(open(&cfg, false).unwrap().journal);
+        let ckpt = CoreCheckpoint {
+            fingerprint: 1,
+            step: 3,
+            version: 4,
+            adam_t: 4,
+            params: vec![0.5; 4],
+            moments: vec![0.0; 8],
+        };
+        ckpt.save(&d.join("core.ckpt")).unwrap();
+        let before = std::fs::read_to_string(d.join(FILE)).unwrap();
+        let e = open(&cfg, true).unwrap_err();
+        assert!(e.to_string().contains("nothing left to train"), "{e}");
+        assert_eq!(std::fs::read_to_string(d.join(FILE)).unwrap(), before);
         let _ = std::fs::remove_dir_all(&d);
     }
 

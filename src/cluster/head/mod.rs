@@ -67,11 +67,13 @@ pub struct ClusterOptions {
     /// A run that publishes nothing for this long is reported stuck.
     pub stall: Duration,
     /// How many times a lost node agent is started again, per node (0:
-    /// never; the node stays lost). Only placements that can start one
-    /// agent on its own (`local`, `slurm`) restart.
+    /// never; the node stays lost). Every placement restarts: `local` and
+    /// `slurm` start the process again, `slurm-batch` a step of the same
+    /// allocation, `k8s` the node's Job.
     pub restarts: u32,
     /// Resume the run an earlier head lost, from the core's checkpoint and
-    /// the head's journal in `[checkpoint] dir` (see [`journal`]).
+    /// the run journal in `[checkpoint] dir` (see
+    /// [`crate::embedded::run_journal`]).
     pub resume: bool,
 }
 
