@@ -660,16 +660,18 @@ async fn drive(
         tokio::select! {
             u = tokio::time::timeout(opts.stall, updates_rx.recv()) => match u {
                 Ok(Some((_, u))) => {
+                    // Journaled before it is logged: a log line means the
+                    // update is on disk (the kill tests count on it).
+                    if let Some(j) = journaled.journal.as_deref_mut() {
+                        j.append(&Line::Update(u))?;
+                        journaled.rewards.journal(j, &journaled.workspaces)?;
+                    }
                     tracing::info!(step = u.step, version = u.version, loss = u.loss, "update published");
                     // A core restored from its checkpoint makes the
                     // versions after it again: the history keeps the new.
                     let before = updates.len();
                     updates.retain(|x| x.version < u.version);
                     head.redone += (before - updates.len()) as u64;
-                    if let Some(j) = journaled.journal.as_deref_mut() {
-                        j.append(&Line::Update(u))?;
-                        journaled.rewards.journal(j, &journaled.workspaces)?;
-                    }
                     updates.push(u);
                     head.steps = updates.len() as u64;
                     progress(updates.len() as u64, target);
