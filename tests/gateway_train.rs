@@ -6,7 +6,9 @@
 //! answered call has the gateway's record (the engines write none, so the
 //! trained targets come from those records), that the records in the
 //! gateway's store name the scheduling plane's engines and versions, and
-//! that training steps happen and publish new versions.
+//! that training steps happen and publish new versions. The same run
+//! across processes (`--cluster local`): the engines live in node agents
+//! and stream their tokens to the head's gateway over the cluster link.
 //! Skips, loudly, only when python3 with `openai` is missing (.ci/run
 //! installs it).
 
@@ -24,23 +26,29 @@ const GRADER: &str = concat!(
     "/examples/harness/byte_game/grade.py"
 );
 
-#[test]
-fn external_harnesses_train_the_policy_through_the_gateway() {
+fn python_openai_missing(test: &str) -> bool {
     let probe = std::process::Command::new("python3")
         .args(["-c", "import openai"])
         .output();
-    if !probe.map(|o| o.status.success()).unwrap_or(false) {
-        eprintln!(
-            "\n*** SKIPPED external_harnesses_train_the_policy_through_the_gateway: python3 with the openai package is not installed (pip install openai) ***\n"
-        );
-        return;
+    if probe.map(|o| o.status.success()).unwrap_or(false) {
+        return false;
     }
+    eprintln!(
+        "\n*** SKIPPED {test}: python3 with the openai package is not installed (pip install openai) ***\n"
+    );
+    true
+}
+
+/// `gyre train --tiny --steps 2` with the byte game's agent and grader
+/// behind the gateway, plus `extra`; its JSON report, its records' store
+/// and its run directory.
+fn train_through_the_gateway(extra: &[&str]) -> (serde_json::Value, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let runs = dir.path().join("runs");
     let harness = format!("python3 {AGENT}");
     let evaluator = format!("python3 {GRADER} {{workspace}}");
-    let out = ok(&[
+    let mut args = vec![
         "train",
         "--tiny",
         "--steps",
@@ -56,9 +64,54 @@ fn external_harnesses_train_the_policy_through_the_gateway() {
         runs.to_str().unwrap(),
         "--gateway-store",
         store.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let out = ok(&args);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    (r, dir)
+}
+
+#[test]
+fn external_harnesses_train_the_policy_through_the_gateway() {
+    if python_openai_missing("external_harnesses_train_the_policy_through_the_gateway") {
+        return;
+    }
+    let (r, dir) = train_through_the_gateway(&[]);
+    check(&r, &r, dir.path());
+}
+
+#[test]
+fn external_harnesses_train_a_cluster_of_processes_through_the_heads_gateway() {
+    if python_openai_missing(
+        "external_harnesses_train_a_cluster_of_processes_through_the_heads_gateway",
+    ) {
+        return;
+    }
+    let (r, dir) = train_through_the_gateway(&["--cluster", "local"]);
+    check(&r, &r["gateway"], dir.path());
+    // Every engine ran in a node agent: the head has none, so each
+    // streamed token and each recorded call crossed a process boundary.
+    let processes = r["processes"].as_array().unwrap();
+    assert!(processes.len() >= 2, "{r}");
+    let head = r["head_pid"].as_u64().unwrap();
+    assert!(
+        processes.iter().all(|p| p["agent_pid"]
+            .as_u64()
+            .is_some_and(|pid| pid != head && pid > 0)),
+        "{r}"
+    );
+    // The trainers in the node agents read the packed rows from the head.
+    assert!(r["bytes_moved"]["rows"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["node_losses"].as_array().unwrap().len(), 0, "{r}");
+}
+
+/// The checks of a run's report `r` (its gateway counters in `g`) and of
+/// the records and workspaces it left under `dir`.
+fn check(r: &serde_json::Value, g: &serde_json::Value, dir: &std::path::Path) {
+    let store = dir.join("store");
+    let runs = dir.join("runs");
     let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    let gn = |k: &str| g[k].as_u64().unwrap_or_else(|| panic!("{k} in {g}"));
     // Training happened and the policy moved on.
     assert_eq!(n("steps"), 2, "{r}");
     let updates = r["updates"].as_array().unwrap();
@@ -73,11 +126,11 @@ fn external_harnesses_train_the_policy_through_the_gateway() {
         "{r}"
     );
     // Every call went through the gateway and was recorded there.
-    let calls = n("gateway_calls");
-    assert!(calls > 0 && n("plane_calls_answered") >= calls, "{r}");
-    assert_eq!(n("calls_without_record"), 0, "{r}");
-    assert!(n("streamed_tokens") >= calls, "{r}");
-    let task = &r["task"];
+    let calls = gn("gateway_calls");
+    assert!(calls > 0 && gn("plane_calls_answered") >= calls, "{r}");
+    assert_eq!(gn("calls_without_record"), 0, "{r}");
+    assert!(gn("streamed_tokens") >= calls, "{r}");
+    let task = &g["task"];
     assert!(task["scored"].as_u64().unwrap() > 0, "{r}");
     assert!(task["completed"].as_u64().unwrap() > 0, "{r}");
     // The harnesses ran in their workspaces and left what the grader read.

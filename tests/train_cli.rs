@@ -167,3 +167,52 @@ fn a_killed_one_process_run_resumes_from_its_checkpoint_and_journal() {
     assert_eq!(versions(&r), (1..=64).collect::<Vec<u64>>());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Options that do not combine are refused before anything starts, and
+/// the error names them.
+#[test]
+fn combinations_not_built_are_refused_naming_them() {
+    let refused = |args: &[&str], names: &[&str]| {
+        let out = gyre(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} ran");
+        for n in names {
+            assert!(err.contains(n), "{args:?}: {err}");
+        }
+    };
+    refused(
+        &[
+            "train",
+            "--tiny",
+            "--cluster",
+            "local",
+            "--engines",
+            "serve",
+        ],
+        &["--cluster", "--engines serve"],
+    );
+    refused(
+        &[
+            "train",
+            "--tiny",
+            "--cluster",
+            "local",
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--harness-cmd",
+            "true",
+            "--resume",
+        ],
+        &["--resume", "--gateway-listen"],
+    );
+    refused(
+        &[
+            "train",
+            "--tiny",
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--resume",
+        ],
+        &["--resume"],
+    );
+}

@@ -6,7 +6,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use crate::cluster::head::{ClusterOptions, run_cluster as run_cluster_processes};
+use crate::cluster::head::{ClusterOptions, run_cluster_with as run_cluster_processes};
 use crate::cluster::placement::Launch;
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::live::LiveReport;
@@ -19,7 +19,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::embedded::external::{CommandLauncher, GatewayOptions, GatewayReport, run_with_gateway};
+use crate::embedded::external::{
+    CommandLauncher, GatewayCounters, GatewayOptions, GatewayReport, run_with_gateway,
+};
 use crate::harness::train::JobReport;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -222,10 +224,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
     };
     let sglang = args.engines == EngineKind::Serve || !args.engine_urls.is_empty();
     let external = args.job.is_some() || args.gateway_listen.is_some();
-    if (sglang || external) && args.cluster.is_some() {
-        bail!(
-            "--cluster does not combine with --engines serve, --engine-urls, --job or --gateway-listen (yet)"
-        );
+    if sglang && args.cluster.is_some() {
+        bail!("--cluster does not combine with --engines serve or --engine-urls (yet)");
+    }
+    if external && args.cluster.is_some() && args.resume {
+        bail!("--resume does not combine with --job or --gateway-listen (yet)");
     }
     if sglang && external {
         bail!(
@@ -249,15 +252,31 @@ pub fn run(args: TrainArgs) -> Result<()> {
     }
     if let Some(spec) = &args.cluster {
         let opts = cluster_options(spec, &args)?;
-        let report = run_cluster_processes(&cfg, &opts, &mut progress)
+        let (cfg, gateway, job) = match (&args.job, &args.gateway_listen) {
+            (Some(path), _) => {
+                let (plan, gw, counters) = job_setup(&args, path)?;
+                (plan.cfg.clone(), Some(gw), Some((plan, counters)))
+            }
+            (None, Some(listen)) => (cfg.clone(), Some(gateway_options(&args, listen)?), None),
+            (None, None) => (cfg.clone(), None, None),
+        };
+        let report = run_cluster_processes(&cfg, &opts, gateway, &mut progress)
             .context("multi-process training run")?;
+        let job = job.map(|(plan, counters)| counters.report(&plan));
         if let Some(b) = bar {
             b.finish_and_clear();
         }
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            let mut json = serde_json::to_value(&report)?;
+            if let Some(job) = &job {
+                json["job"] = serde_json::to_value(job)?;
+            }
+            println!("{}", serde_json::to_string_pretty(&json)?);
         } else {
             print_live(&report.run);
+            if let Some(g) = &report.gateway {
+                print_gateway_seen(g);
+            }
             let m = &report.bytes_moved;
             println!(
                 "cluster ({}): head pid {} and {} node agents {:?}; bytes moved across processes: weights {}, kv {}, gradients {}, rows {}",
@@ -274,6 +293,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 m.gradients,
                 m.rows
             );
+            if let Some(job) = &job {
+                print_job(job);
+            }
         }
         return Ok(());
     }
@@ -493,6 +515,15 @@ fn run_gateway(
     listen: &str,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<GatewayReport> {
+    let opts = gateway_options(args, listen)?;
+    let mut started = |addr: &str| tracing::info!("gyre train: gateway {addr}");
+    run_with_gateway(cfg, opts, progress, &mut started)
+        .context("training with the gateway in front")
+}
+
+/// How `--harness-cmd` and `--evaluator-cmd` run behind a gateway on
+/// `listen` (`--gateway-listen`).
+fn gateway_options(args: &TrainArgs, listen: &str) -> Result<GatewayOptions> {
     let listen: SocketAddr = listen
         .parse()
         .with_context(|| format!("--gateway-listen {listen:?}: expected HOST:PORT"))?;
@@ -501,7 +532,7 @@ fn run_gateway(
         Duration::from_secs(args.harness_timeout_s.max(1)),
     )
     .map_err(anyhow::Error::msg)?;
-    let opts = GatewayOptions {
+    Ok(GatewayOptions {
         listen,
         launcher: Arc::new(launcher),
         evaluator: words("--evaluator-cmd", args.evaluator_cmd.as_ref())?,
@@ -510,10 +541,7 @@ fn run_gateway(
         store: args.gateway_store.clone(),
         stall: LIVE_STALL,
         max_tokens: None,
-    };
-    let mut started = |addr: &str| tracing::info!("gyre train: gateway {addr}");
-    run_with_gateway(cfg, opts, progress, &mut started)
-        .context("training with the gateway in front")
+    })
 }
 
 fn run_job(
@@ -521,6 +549,24 @@ fn run_job(
     path: &std::path::Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(GatewayReport, JobReport)> {
+    let (plan, opts, counters) = job_setup(args, path)?;
+    let mut started = |addr: &str| tracing::info!("gyre train --job: gateway {addr}");
+    let report = run_with_gateway(&plan.cfg, opts, progress, &mut started)
+        .with_context(|| format!("training job {}", path.display()))?;
+    Ok((report, counters.report(&plan)))
+}
+
+/// A job file's run: its configuration (with `--seed`, `--steps` and
+/// `--tiny` applied), how its harnesses and evaluator run, and the
+/// counters of its report.
+fn job_setup(
+    args: &TrainArgs,
+    path: &std::path::Path,
+) -> Result<(
+    crate::harness::train::JobPlan,
+    GatewayOptions,
+    Arc<crate::harness::train::JobCounters>,
+)> {
     let base = if args.tiny {
         EmbeddedConfig::tiny(1)
     } else {
@@ -556,10 +602,7 @@ fn run_job(
         stall: LIVE_STALL,
         max_tokens: plan.job.model.max_tokens,
     };
-    let mut started = |addr: &str| tracing::info!("gyre train --job: gateway {addr}");
-    let report = run_with_gateway(&plan.cfg, opts, progress, &mut started)
-        .with_context(|| format!("training job {}", path.display()))?;
-    Ok((report, counters.report(&plan)))
+    Ok((plan, opts, counters))
 }
 
 fn print_job(j: &JobReport) {
@@ -585,6 +628,30 @@ fn print_job(j: &JobReport) {
     );
 }
 
+fn print_gateway_seen(g: &GatewayCounters) {
+    let t = &g.task;
+    println!(
+        "harnesses: {} started, {} completed, {} harness timeouts, {} failed, {} aborted, {} scored, {} evaluator failures",
+        t.executions,
+        t.completed,
+        t.harness_timeouts,
+        t.failed,
+        t.aborted,
+        t.scored,
+        t.eval_failures
+    );
+    println!(
+        "gateway {}: {} calls recorded, {} answered by the plane, {} without a record; {} tokens streamed, {} attempts resumed after a role change, {} calls served by two engines",
+        g.gateway,
+        g.gateway_calls,
+        g.plane_calls_answered,
+        g.calls_without_record,
+        g.streamed_tokens,
+        g.resumed_attempts,
+        g.engine_changes
+    );
+}
+
 fn print_gateway(r: &GatewayReport) {
     print_updates(&r.updates);
     for v in &r.reward_by_version {
@@ -598,27 +665,7 @@ fn print_gateway(r: &GatewayReport) {
         opt(r.early_reward),
         opt(r.late_reward)
     );
-    let t = &r.task;
-    println!(
-        "harnesses: {} started, {} completed, {} harness timeouts, {} failed, {} aborted, {} scored, {} evaluator failures",
-        t.executions,
-        t.completed,
-        t.harness_timeouts,
-        t.failed,
-        t.aborted,
-        t.scored,
-        t.eval_failures
-    );
-    println!(
-        "gateway {}: {} calls recorded, {} answered by the plane, {} without a record; {} tokens streamed, {} attempts resumed after a role change, {} calls served by two engines",
-        r.gateway,
-        r.gateway_calls,
-        r.plane_calls_answered,
-        r.calls_without_record,
-        r.streamed_tokens,
-        r.resumed_attempts,
-        r.engine_changes
-    );
+    print_gateway_seen(&r.seen);
     println!(
         "elastic: {} role changes to training, KV prefixes exported {} / adopted {}, {} steps with a satellite",
         r.role_changes, r.kv_exported, r.kv_adopted, r.satellite_steps

@@ -21,6 +21,7 @@
 //! - [`head`]: the head's run.
 //! - [`plane`]: payloads across processes.
 //! - [`prefix`]: the training prefix's all-reduce and broadcast.
+//! - [`tap`]: node agents' sampled tokens to the head's gateway streams.
 
 pub mod head;
 pub mod launcher;
@@ -30,3 +31,4 @@ pub mod placement;
 pub mod plane;
 pub mod prefix;
 pub mod proto;
+pub mod tap;

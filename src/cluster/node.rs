@@ -22,7 +22,9 @@ use gyre_runtime::{Actor, ActorId, Addr, Cx, External, NodeId, Recipient};
 use super::launcher::Launcher;
 use super::plane::{Directory, HOME_WAIT, Plane, PlaneError, shared_over};
 use super::proto::{CellPorts, HEAD, NodeCmd, NodeEvent, NodePorts, Role, launcher_id};
-use crate::embedded::cluster::{BuildError, EmbeddedBackends, EmbeddedConfig};
+use super::tap::{RemoteTap, TapMsg};
+use crate::embedded::cluster::{BuildError, BuiltInTask, EmbeddedBackends, EmbeddedConfig};
+use crate::embedded::engine::TokenTap;
 use crate::embedded::task::Workspaces;
 use crate::embedded::trainer::UpdateSummary;
 
@@ -143,9 +145,17 @@ pub fn run_node(opts: NodeOptions) -> Result<(), NodeError> {
                     roles,
                     directory,
                     observer,
+                    tap,
                 } => {
+                    let assigned = Assignment {
+                        config: &config,
+                        roles: &roles,
+                        directory: &directory,
+                        observer,
+                        tap,
+                    };
                     let event =
-                        match assign(&live, &plane, &config, &roles, &directory, observer).await {
+                        match assign(&live, &plane, assigned).await {
                             Ok(ports) => NodeEvent::Ready { node, ports },
                             Err(error) => {
                                 tracing::error!(node = node.0, %error, "assignment failed");
@@ -191,15 +201,29 @@ pub fn run_node(opts: NodeOptions) -> Result<(), NodeError> {
     })
 }
 
-/// Builds `roles` on this node over the plane and returns their ports.
+/// What the head assigned this node.
+struct Assignment<'a> {
+    config: &'a str,
+    roles: &'a [Role],
+    directory: &'a Directory,
+    observer: Recipient<UpdateSummary>,
+    tap: Option<Addr<External<TapMsg>>>,
+}
+
+/// Builds the assigned roles on this node over the plane and returns their
+/// ports.
 async fn assign(
     live: &LiveNode,
     plane: &Arc<Plane>,
-    config: &str,
-    roles: &[Role],
-    directory: &Directory,
-    observer: Recipient<UpdateSummary>,
+    assigned: Assignment<'_>,
 ) -> Result<NodePorts, String> {
+    let Assignment {
+        config,
+        roles,
+        directory,
+        observer,
+        tap,
+    } = assigned;
     let cfg = EmbeddedConfig::from_toml(config, &EmbeddedConfig::default())
         .map_err(|e| format!("the head's configuration: {e}"))?;
     let (p, d) = (plane.clone(), directory.clone());
@@ -214,8 +238,10 @@ async fn assign(
     // The task's workspaces live on the head; nothing here reads them.
     let workspaces = Arc::new(Workspaces::new());
     let build = |e: BuildError| e.to_string();
+    let tap = tap.map(|head| RemoteTap::start(live, head) as Arc<dyn TokenTap>);
+    let task = BuiltInTask::new(&cfg, workspaces).with_tap(tap);
     let mut factory =
-        EmbeddedBackends::new(&cfg, shared.clone(), workspaces, Some(observer)).map_err(build)?;
+        EmbeddedBackends::with_task(&cfg, shared.clone(), task, Some(observer)).map_err(build)?;
     if roles.contains(&Role::Cell(0)) {
         // The core's node holds the published weights, from version 0 on.
         let params = factory.initial_params();

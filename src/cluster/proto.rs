@@ -18,14 +18,17 @@ use gyre_runtime::{ActorId, Addr, External, NodeId, Recipient};
 use serde::{Deserialize, Serialize};
 
 use super::plane::{BytesMoved, Directory};
+use super::tap::TapMsg;
 use crate::embedded::trainer::UpdateSummary;
 
 /// The head's node id; node agents get the ids the plan gives them.
 pub const HEAD: NodeId = NodeId(0);
-/// The head opens two endpoints (its event and update probes) and then
-/// spawns the launcher, so node agents find the launcher at this id on the
-/// head without being told (the head checks it got this id).
-pub const LAUNCHER_LOCAL_ID: u64 = 3;
+/// The head opens four endpoints (its event and update probes, the
+/// gateway front's and the token tap's, which a run without the gateway
+/// leaves unused) and then spawns the launcher, so node agents find the
+/// launcher at this id on the head without being told (the head checks it
+/// got this id).
+pub const LAUNCHER_LOCAL_ID: u64 = 5;
 
 /// The launcher's address on the head.
 pub fn launcher_id() -> ActorId {
@@ -123,6 +126,10 @@ pub enum NodeCmd {
         directory: Directory,
         /// Where the core reports each optimizer update.
         observer: Recipient<UpdateSummary>,
+        /// Where the engines stream every sampled token (a run whose
+        /// executions are external processes behind the head's gateway);
+        /// `None`: the engines write each call's record themselves.
+        tap: Option<Addr<External<TapMsg>>>,
     },
     /// Tell the head the bytes this process moved.
     Report,

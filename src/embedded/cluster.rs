@@ -367,6 +367,7 @@ pub struct BuiltInTask {
     workspaces: Arc<Workspaces>,
     seed: u64,
     journal: Option<Journal>,
+    tap: Option<Arc<dyn TokenTap>>,
 }
 
 impl BuiltInTask {
@@ -378,7 +379,17 @@ impl BuiltInTask {
             workspaces,
             seed: gyre_runtime::rng::mix64(cfg.seed ^ 0x7a5c),
             journal: None,
+            tap: None,
         }
+    }
+
+    /// Its engines stream every sampled token to `tap` and write no
+    /// records: a cluster's node agent in a run whose executions are
+    /// external processes behind the head's gateway (which records the
+    /// calls).
+    pub fn with_tap(mut self, tap: Option<Arc<dyn TokenTap>>) -> Self {
+        self.tap = tap;
+        self
     }
 
     /// Its harness and evaluator write to `journal` (`gyre train --record`).
@@ -404,6 +415,10 @@ impl TaskBackends for BuiltInTask {
             EvaluatorWorker::new(self.cfg.clone(), self.workspaces.clone(), self.seed)?
                 .with_journal(self.journal.clone()),
         )
+    }
+
+    fn token_tap(&self) -> Option<Arc<dyn TokenTap>> {
+        self.tap.clone()
     }
 }
 

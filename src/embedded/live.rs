@@ -20,7 +20,7 @@ use super::journal::Journal;
 use super::run::{VersionReward, rewards};
 use super::run_journal::ResumeReport;
 use super::shared::{Shared, lock};
-use super::task::Workspaces;
+use super::task::{TaskStats, Workspaces};
 use super::trainer::UpdateSummary;
 use gyre_actors::sched::plan::Host;
 
@@ -178,12 +178,27 @@ impl LiveReport {
         started: Instant,
     ) -> Self {
         let task = parts.workspaces.stats();
-        let (reward_by_version, early_reward, late_reward) = rewards(&task);
+        let mut report = Self::of_task(seed, lock(&parts.shared.updates).clone(), &task, &task);
+        report.steps = published(parts);
+        report.wall_secs = started.elapsed().as_secs_f64();
+        report
+    }
+
+    /// The report of `updates` and the task's tallies `task`, its reward
+    /// curve from `rewarded` (the tallies of earlier runs included, when
+    /// resumed); wall time 0, to be set by the caller.
+    pub fn of_task(
+        seed: u64,
+        updates: Vec<UpdateSummary>,
+        task: &TaskStats,
+        rewarded: &TaskStats,
+    ) -> Self {
+        let (reward_by_version, early_reward, late_reward) = rewards(rewarded);
         Self {
             seed,
-            steps: published(parts),
-            wall_secs: started.elapsed().as_secs_f64(),
-            updates: lock(&parts.shared.updates).clone(),
+            steps: updates.len() as u64,
+            wall_secs: 0.0,
+            updates,
             reward_by_version,
             early_reward,
             late_reward,

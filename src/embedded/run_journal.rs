@@ -130,14 +130,14 @@ pub struct RewardsSeen {
 }
 
 impl RewardsSeen {
-    /// Journals the tallies of `workspaces` that changed since the last
-    /// call, if any did.
+    /// Journals the tallies of `stats` (the task's, now) that changed
+    /// since the last call, if any did.
     pub fn journal(
         &mut self,
         journal: &mut RunJournal,
-        workspaces: &Workspaces,
+        stats: TaskStats,
     ) -> Result<(), JournalError> {
-        let now = workspaces.stats().by_version;
+        let now = stats.by_version;
         let tallies: Vec<(u64, RewardTally)> = now
             .iter()
             .filter(|(v, t)| self.seen.get(v) != Some(t))
@@ -327,7 +327,7 @@ impl Follower {
                         if new.is_empty() && !last {
                             return Ok(());
                         }
-                        rewards.journal(&mut journal, &workspaces)
+                        rewards.journal(&mut journal, workspaces.stats())
                     });
                 if let Err(e) = written {
                     // Said now, not only at the end: the run trains on,

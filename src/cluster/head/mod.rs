@@ -45,11 +45,18 @@ use super::node::to_hex;
 use super::placement::{HeadInfo, Launch, Placement, placement_for};
 use super::plane::{BytesMoved, Directory, Plane, PlaneError, shared_over};
 use super::proto::{HEAD, NodeCmd, NodeEvent, NodePorts, NodeSpec, Role, launcher_id, node_specs};
-use crate::embedded::cluster::{BuildError, ConfigFileError, EmbeddedBackends, EmbeddedConfig};
+use super::tap::{TapMsg, serve_tap};
+use crate::embedded::cluster::{
+    BuildError, ConfigFileError, EmbeddedBackends, EmbeddedConfig, TaskBackends,
+};
+use crate::embedded::external::GatewayOptions;
+use crate::embedded::external::bridge::ToFront;
+use crate::embedded::external::side::{self, GatewayCounters, GatewaySide};
 use crate::embedded::live::LiveReport;
-use crate::embedded::run::rewards;
-use crate::embedded::run_journal::{self, JournalError, Line, Opened, RewardsSeen, RunJournal};
-use crate::embedded::task::Workspaces;
+use crate::embedded::run_journal::{
+    self, JournalError, Line, Opened, Resumed, RewardsSeen, RunJournal,
+};
+use crate::embedded::task::{TaskStats, Workspaces};
 use crate::embedded::trainer::UpdateSummary;
 
 /// How a cluster run is placed.
@@ -125,6 +132,8 @@ pub enum ClusterError {
     Journal(#[from] JournalError),
     #[error("no progress for {secs} s: {steps} of {target} steps published")]
     Stalled { secs: u64, steps: u64, target: u64 },
+    #[error("the gateway: {0}")]
+    Gateway(String),
 }
 
 impl From<ConfigError> for ClusterError {
@@ -184,12 +193,28 @@ pub struct ClusterReport {
     /// again (`updates` holds the history: one per version), including
     /// those an earlier head published after its last checkpoint.
     pub redone_updates: u64,
+    /// What the gateway saw, in a run whose executions are external
+    /// processes behind it (`--gateway-listen`, `--job`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayCounters>,
 }
 
 /// Runs `cfg` across processes as `opts` places them.
 pub fn run_cluster(
     cfg: &EmbeddedConfig,
     opts: &ClusterOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ClusterReport, ClusterError> {
+    run_cluster_with(cfg, opts, None, progress)
+}
+
+/// Runs `cfg` across processes as `opts` places them, its executions
+/// external harness processes behind the head's gateway when `gateway`
+/// says how to run them (else the built-in task).
+pub fn run_cluster_with(
+    cfg: &EmbeddedConfig,
+    opts: &ClusterOptions,
+    gateway: Option<GatewayOptions>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ClusterReport, ClusterError> {
     if opts.listen.ip().is_unspecified() {
@@ -200,7 +225,14 @@ pub fn run_cluster(
         .enable_all()
         .build()?;
     let mut placement: Option<Arc<dyn Placement>> = None;
-    let result = rt.block_on(run_head(cfg, opts, &secret, &mut placement, progress));
+    let result = rt.block_on(run_head(
+        cfg,
+        opts,
+        gateway,
+        &secret,
+        &mut placement,
+        progress,
+    ));
     // Whatever happened, no node agent outlives its head.
     if let Some(p) = placement {
         p.stop_all();
@@ -382,6 +414,7 @@ impl Head {
 async fn run_head(
     cfg: &EmbeddedConfig,
     opts: &ClusterOptions,
+    gateway: Option<GatewayOptions>,
     secret: &[u8; 32],
     placement_out: &mut Option<Arc<dyn Placement>>,
     progress: &mut dyn FnMut(u64, u64),
@@ -395,140 +428,255 @@ async fn run_head(
         cfg,
     } = run_journal::open(cfg, opts.resume)?;
     let cfg = &cfg;
-    let config_text = cfg.to_toml()?;
-    // Built once here so a bad configuration fails before any process starts.
-    let workspaces = Arc::new(Workspaces::new());
     let transfer_secret = ClusterSecret::new(secret).map_err(PlaneError::from)?;
     let plane = Plane::start(HEAD, SocketAddr::new(opts.listen.ip(), 0), transfer_secret)?;
     plane.serve_homing();
-    let mut factory = EmbeddedBackends::new(
-        cfg,
-        shared_over(&plane, cfg.model.clone()),
-        workspaces.clone(),
-        None,
-    )?;
+    let shared = shared_over(&plane, cfg.model.clone());
 
     let mut live_cfg = LiveConfig::local(HEAD, cfg.seed);
     live_cfg.listen = Some(opts.listen);
     live_cfg.secret = Some(LinkSecret::new(secret)?);
     let live = LiveNode::start(live_cfg).await?;
-    let head_addr = live
-        .local_addr()
-        .ok_or(ClusterError::Unreachable(opts.listen))?;
+    // Endpoints in a fixed order, the launcher next (`LAUNCHER_LOCAL_ID`).
     let (events_addr, events) = live.probe::<ClusterEvent>(1024);
-    let (updates_addr, mut updates_rx) = live.probe::<UpdateSummary>(1024);
-    let specs = node_specs(&cfg.sched, opts.processes);
-    let placement: Arc<dyn Placement> = placement_for(
-        &opts.launch,
-        HeadInfo {
-            addr: head_addr,
-            secret_hex: to_hex(secret),
-            exe: opts.exe.clone(),
-        },
-        &specs,
-    )
-    .into();
-    *placement_out = Some(placement.clone());
-    let launcher = live.spawn(Launcher::new(placement.clone(), specs.clone(), events_addr));
-    if launcher.id() != launcher_id() {
-        return Err(ClusterError::LauncherId {
-            got: launcher.id(),
-            want: launcher_id(),
-        });
-    }
-    tracing::info!(%head_addr, placement = placement.name(), nodes = specs.len(), "head listening");
-    let mut head = Head {
-        live: live.clone(),
+    let (updates_addr, updates_rx) = live.probe::<UpdateSummary>(1024);
+    let front = live.probe::<ToFront>(1 << 16);
+    let (tap_addr, tap_rx) = live.probe::<TapMsg>(1 << 16);
+    let endpoints = Endpoints {
+        events_addr,
         events,
-        from: events_addr.id(),
-        launcher,
-        specs: specs.clone(),
-        pids: BTreeMap::new(),
-        agents: BTreeMap::new(),
-        running: None,
-        steps: 0,
-        lost: Vec::new(),
-        rejoins: rejoin::Rejoins::new(
-            &specs,
-            if placement.restarts() {
-                opts.restarts
-            } else {
-                0
-            },
-        ),
-        moved: BTreeMap::new(),
-        core_recovers: cfg.checkpoint.path().is_some(),
-        redone: resumed.as_ref().map_or(0, |r| r.lost_updates),
+        updates_addr,
+        updates_rx,
     };
-    let earlier = resumed
-        .as_ref()
-        .map(|r| r.updates.clone())
-        .unwrap_or_default();
-    let result = drive(
-        &mut head,
+    let run = HeadRun {
         cfg,
         opts,
-        &config_text,
-        &plane,
-        &mut factory,
-        updates_addr,
-        &mut updates_rx,
-        Journaled {
-            journal: journal.as_mut(),
-            earlier,
-            workspaces: workspaces.clone(),
-            rewards: RewardsSeen::default(),
-        },
+        plane: &plane,
+        live: &live,
+        secret,
+        journal: journal.as_mut(),
+        resumed: resumed.as_ref(),
+        placement_out,
         progress,
-    )
-    .await;
-    let result = match result {
-        Err(ClusterError::LinkLost { node, label }) => Err(head.why_lost(node, label).await),
-        other => other,
     };
-    let outcome = match result {
-        Ok((updates, bytes_moved)) => {
-            let task = workspaces.stats();
-            let (reward_by_version, early_reward, late_reward) = match &resumed {
-                Some(r) => rewards(&r.with_rewards(task.clone())),
-                None => rewards(&task),
-            };
-            let processes = specs
-                .iter()
-                .map(|s| ProcessReport {
-                    node: s.node.0,
-                    roles: s.roles.iter().map(Role::to_string).collect(),
-                    pid: head.pids.get(&s.node).copied().unwrap_or(0),
-                    agent_pid: head.agents.get(&s.node).copied().unwrap_or(0),
-                    bytes_moved: head.moved.get(&s.node).copied(),
-                })
-                .collect();
-            Ok(ClusterReport {
-                run: LiveReport {
-                    seed: seed_of_run,
-                    steps: updates.len() as u64,
-                    wall_secs: started.elapsed().as_secs_f64(),
-                    updates,
-                    reward_by_version,
-                    early_reward,
-                    late_reward,
-                    executions: task.begun,
-                    scored: task.scored,
-                    resumed: resume_report,
-                },
-                placement: placement.name().into(),
-                head_pid: std::process::id(),
-                processes,
-                bytes_moved,
-                node_losses: head.lost.clone(),
-                redone_updates: head.redone,
-            })
+    // Built before any process starts, so a bad configuration fails first.
+    let outcome = match gateway {
+        None => {
+            let workspaces = Arc::new(Workspaces::new());
+            let factory = EmbeddedBackends::new(cfg, shared, workspaces.clone(), None)?;
+            let stats = move || workspaces.stats();
+            run.with_task(factory, endpoints, None, &stats).await
         }
-        Err(e) => Err(e),
+        Some(gw) => {
+            let (task, prepared) = side::prepare(&gw, front);
+            let factory = EmbeddedBackends::with_task(cfg, shared.clone(), task, None)?;
+            let dir = gw.dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!(
+                    "gyre-cluster-{}-{}",
+                    std::process::id(),
+                    cfg.seed
+                ))
+            });
+            std::fs::create_dir_all(&dir)?;
+            let side = prepared
+                .open(cfg, &gw, dir, &shared)
+                .await
+                .map_err(|e| ClusterError::Gateway(e.to_string()))?;
+            tracing::info!(gateway = %side.api_base, "gateway listening for harness processes");
+            let tap = tokio::spawn(serve_tap(
+                live.clone(),
+                tap_addr.id(),
+                tap_rx,
+                side.streams.clone(),
+            ));
+            let stats = {
+                let board = side.board.clone();
+                move || board.stats()
+            };
+            let mut side = Some(side);
+            let outcome = run
+                .with_task(factory, endpoints, Some((tap_addr, &mut side)), &stats)
+                .await;
+            tap.abort();
+            // The front's probe is gone with the host: the front ends and
+            // kills the harnesses still running.
+            live.clone().shutdown().await;
+            match (outcome, side) {
+                (Ok(mut report), Some(side)) => {
+                    report.gateway = Some(side.close().await.0);
+                    Ok(report)
+                }
+                (outcome, _) => outcome,
+            }
+        }
     };
     live.shutdown().await;
     plane.stop();
-    outcome
+    let mut report = outcome?;
+    report.run.seed = seed_of_run;
+    report.run.resumed = resume_report;
+    report.run.wall_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The head's endpoints for the node agents' events and the core's updates.
+struct Endpoints {
+    events_addr: Addr<External<ClusterEvent>>,
+    events: Receiver<(ActorId, ClusterEvent)>,
+    updates_addr: Addr<External<UpdateSummary>>,
+    updates_rx: Receiver<(ActorId, UpdateSummary)>,
+}
+
+/// What a head's run needs whatever its task.
+struct HeadRun<'a> {
+    cfg: &'a EmbeddedConfig,
+    opts: &'a ClusterOptions,
+    plane: &'a Arc<Plane>,
+    live: &'a LiveNode,
+    secret: &'a [u8; 32],
+    journal: Option<&'a mut RunJournal>,
+    /// What earlier heads of the run did.
+    resumed: Option<&'a Resumed>,
+    placement_out: &'a mut Option<Arc<dyn Placement>>,
+    progress: &'a mut dyn FnMut(u64, u64),
+}
+
+impl HeadRun<'_> {
+    /// Starts the node agents and runs the plane with `factory`'s task;
+    /// `gateway` is the tap endpoint and the gateway side of a run with
+    /// external harnesses (attached once the harness actor runs).
+    async fn with_task<T: TaskBackends>(
+        self,
+        mut factory: EmbeddedBackends<T>,
+        endpoints: Endpoints,
+        gateway: Option<(Addr<External<TapMsg>>, &mut Option<GatewaySide>)>,
+        stats: &(dyn Fn() -> TaskStats + Send + Sync),
+    ) -> Result<ClusterReport, ClusterError> {
+        let HeadRun {
+            cfg,
+            opts,
+            plane,
+            live,
+            secret,
+            journal,
+            resumed,
+            placement_out,
+            progress,
+        } = self;
+        let config_text = cfg.to_toml()?;
+        let head_addr = live
+            .local_addr()
+            .ok_or(ClusterError::Unreachable(opts.listen))?;
+        let Endpoints {
+            events_addr,
+            events,
+            updates_addr,
+            mut updates_rx,
+        } = endpoints;
+        let specs = node_specs(&cfg.sched, opts.processes);
+        let placement: Arc<dyn Placement> = placement_for(
+            &opts.launch,
+            HeadInfo {
+                addr: head_addr,
+                secret_hex: to_hex(secret),
+                exe: opts.exe.clone(),
+            },
+            &specs,
+        )
+        .into();
+        *placement_out = Some(placement.clone());
+        let launcher = live.spawn(Launcher::new(placement.clone(), specs.clone(), events_addr));
+        if launcher.id() != launcher_id() {
+            return Err(ClusterError::LauncherId {
+                got: launcher.id(),
+                want: launcher_id(),
+            });
+        }
+        tracing::info!(%head_addr, placement = placement.name(), nodes = specs.len(), "head listening");
+        let mut head = Head {
+            live: live.clone(),
+            events,
+            from: events_addr.id(),
+            launcher,
+            specs: specs.clone(),
+            pids: BTreeMap::new(),
+            agents: BTreeMap::new(),
+            running: None,
+            steps: 0,
+            lost: Vec::new(),
+            rejoins: rejoin::Rejoins::new(
+                &specs,
+                if placement.restarts() {
+                    opts.restarts
+                } else {
+                    0
+                },
+            ),
+            moved: BTreeMap::new(),
+            core_recovers: cfg.checkpoint.path().is_some(),
+            redone: resumed.map_or(0, |r| r.lost_updates),
+        };
+        let (tap, mut side) = match gateway {
+            Some((tap, side)) => (Some(tap), Some(side)),
+            None => (None, None),
+        };
+        let result = drive(
+            &mut head,
+            cfg,
+            opts,
+            &config_text,
+            plane,
+            &mut factory,
+            Observers {
+                updates_addr,
+                updates_rx: &mut updates_rx,
+                tap,
+                on_harness: &mut |harness| {
+                    if let Some(side) = side.as_deref_mut().and_then(Option::as_mut) {
+                        side.attach(live.clone(), Addr::new(harness));
+                    }
+                },
+            },
+            Journaled {
+                journal,
+                earlier: resumed.map(|r| r.updates.clone()).unwrap_or_default(),
+                stats,
+                rewards: RewardsSeen::default(),
+            },
+            progress,
+        )
+        .await;
+        let result = match result {
+            Err(ClusterError::LinkLost { node, label }) => Err(head.why_lost(node, label).await),
+            other => other,
+        };
+        let (updates, bytes_moved) = result?;
+        let task = stats();
+        let rewarded = match resumed {
+            Some(r) => r.with_rewards(task.clone()),
+            None => task.clone(),
+        };
+        let processes = specs
+            .iter()
+            .map(|s| ProcessReport {
+                node: s.node.0,
+                roles: s.roles.iter().map(Role::to_string).collect(),
+                pid: head.pids.get(&s.node).copied().unwrap_or(0),
+                agent_pid: head.agents.get(&s.node).copied().unwrap_or(0),
+                bytes_moved: head.moved.get(&s.node).copied(),
+            })
+            .collect();
+        Ok(ClusterReport {
+            run: LiveReport::of_task(cfg.seed, updates, &task, &rewarded),
+            placement: placement.name().into(),
+            head_pid: std::process::id(),
+            processes,
+            bytes_moved,
+            node_losses: head.lost.clone(),
+            redone_updates: head.redone,
+            gateway: None,
+        })
+    }
 }
 
 /// The head's journal, the updates earlier heads of the run made, and
@@ -536,23 +684,38 @@ async fn run_head(
 struct Journaled<'a> {
     journal: Option<&'a mut RunJournal>,
     earlier: Vec<UpdateSummary>,
-    workspaces: Arc<Workspaces>,
+    /// The task's tallies now.
+    stats: &'a (dyn Fn() -> TaskStats + Send + Sync),
     rewards: RewardsSeen,
 }
 
+/// Where the core's updates arrive, where the engines' tokens go (a run
+/// with the gateway), and who hears the harness actor's address.
+struct Observers<'a> {
+    updates_addr: Addr<External<UpdateSummary>>,
+    updates_rx: &'a mut Receiver<(ActorId, UpdateSummary)>,
+    tap: Option<Addr<External<TapMsg>>>,
+    on_harness: &'a mut dyn FnMut(ActorId),
+}
+
 #[allow(clippy::too_many_arguments)]
-async fn drive(
+async fn drive<T: TaskBackends>(
     head: &mut Head,
     cfg: &EmbeddedConfig,
     opts: &ClusterOptions,
     config_text: &str,
     plane: &Arc<Plane>,
-    factory: &mut EmbeddedBackends,
-    updates_addr: Addr<External<UpdateSummary>>,
-    updates_rx: &mut Receiver<(ActorId, UpdateSummary)>,
+    factory: &mut EmbeddedBackends<T>,
+    observers: Observers<'_>,
     mut journaled: Journaled<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Vec<UpdateSummary>, BytesMoved), ClusterError> {
+    let Observers {
+        updates_addr,
+        updates_rx,
+        tap,
+        on_harness,
+    } = observers;
     // Join.
     let deadline = Instant::now() + opts.join_timeout;
     let mut joined = BTreeMap::new();
@@ -598,6 +761,7 @@ async fn drive(
             roles: spec.roles.clone(),
             directory: directory.clone(),
             observer: Recipient::of(updates_addr),
+            tap,
         };
         head.tell(joined[&spec.node].1, cmd).await?;
     }
@@ -619,6 +783,7 @@ async fn drive(
     let live = head.live.clone();
     let transfer = live.spawn(factory.transfer()?);
     let harness = live.spawn(factory.harness()?);
+    on_harness(harness.id());
     let evaluator = live.spawn(factory.evaluator()?);
     let ports = Backends {
         engines: cells.values().map(|c| c.engine).collect(),
@@ -647,6 +812,7 @@ async fn drive(
         joined,
         ports: ready,
         observer: Recipient::of(updates_addr),
+        tap,
         plane: plane.clone(),
         sched,
     };
@@ -664,7 +830,7 @@ async fn drive(
                     // update is on disk (the kill tests count on it).
                     if let Some(j) = journaled.journal.as_deref_mut() {
                         j.append(&Line::Update(u))?;
-                        journaled.rewards.journal(j, &journaled.workspaces)?;
+                        journaled.rewards.journal(j, (journaled.stats)())?;
                     }
                     tracing::info!(step = u.step, version = u.version, loss = u.loss, "update published");
                     // A core restored from its checkpoint makes the

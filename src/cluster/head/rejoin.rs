@@ -33,6 +33,7 @@ use gyre_runtime::{Addr, External, NodeId, Recipient};
 use super::super::launcher::LauncherMsg;
 use super::super::plane::{Directory, Plane, PlaneError};
 use super::super::proto::{NodeCmd, NodeEvent, NodePorts};
+use super::super::tap::TapMsg;
 use super::{ClusterError, Head};
 use crate::embedded::trainer::UpdateSummary;
 
@@ -102,6 +103,8 @@ pub(super) struct Running {
     /// The ports each node's first process answered.
     pub ports: BTreeMap<NodeId, NodePorts>,
     pub observer: Recipient<UpdateSummary>,
+    /// The head's token tap, in a run with the gateway.
+    pub tap: Option<Addr<External<TapMsg>>>,
     pub plane: Arc<Plane>,
     pub sched: Addr<Scheduler>,
 }
@@ -152,6 +155,7 @@ impl Head {
                     roles,
                     directory: run.directory.clone(),
                     observer: run.observer,
+                    tap: run.tap,
                 };
                 self.tell(commands, cmd).await?;
                 self.rejoins.joining.insert(node, (others, false));

@@ -219,6 +219,7 @@ pub fn step(
                     if let Some(&(_, call, at)) = tapped.iter().find(|r| r.0 == c.id) {
                         t.tap
                             .sampled(call, at, &c.tokens, &c.logprobs, t.engine, c.versions.1);
+                        t.tap.finished(call);
                     }
                 }
             }

@@ -38,6 +38,9 @@ pub trait TokenTap: Send + Sync + Debug {
         engine: EngineIx,
         version: Version,
     );
+    /// `call`'s attempt on this engine ended (answered, aborted or
+    /// cancelled): nothing more of it follows from here.
+    fn finished(&self, _call: CallId) {}
 }
 
 /// What a step job needs to feed the tap: the tap, who is sampling, and

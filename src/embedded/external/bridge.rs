@@ -24,8 +24,10 @@ use serde::{Deserialize, Serialize};
 pub enum ToFront {
     /// Create the gateway execution of `exec` and start its harness.
     Begin { exec: ExecId, group: GroupId },
-    /// `call` was answered by the proxy: its stream is complete.
-    Answered { call: CallId },
+    /// `call` was answered by the proxy with `output_tokens` tokens in
+    /// all (earlier attempts' included): its stream is complete once it
+    /// holds that many.
+    Answered { call: CallId, output_tokens: u64 },
     /// Stop the run's harness: `timed_out` when its overall timeout ended
     /// it, else a cancellation.
     Abort { exec: ExecId, timed_out: bool },
@@ -140,7 +142,11 @@ impl GatewayHarness {
                 );
                 cx.send(self.front, ToFront::Begin { exec, group });
             }
-            HarnessReq::Answer { call, .. } => {
+            HarnessReq::Answer {
+                call,
+                output_tokens,
+                ..
+            } => {
                 let prompt = self
                     .runs
                     .get_mut(&call.exec)
@@ -148,7 +154,13 @@ impl GatewayHarness {
                 if let Some(prompt) = prompt {
                     self.stats.answered += 1;
                     self.release(prompt, cx);
-                    cx.send(self.front, ToFront::Answered { call });
+                    cx.send(
+                        self.front,
+                        ToFront::Answered {
+                            call,
+                            output_tokens,
+                        },
+                    );
                 }
             }
             HarnessReq::Abort { exec } => self.stop(exec, false, cx),
@@ -299,7 +311,7 @@ mod tests {
         sim.run().unwrap();
         assert!(matches!(
             sim.take_probe(front).into_iter().map(|r| r.msg).collect::<Vec<_>>()[..],
-            [ToFront::Answered { call: c }, ToFront::Abort { exec: e, timed_out: false }] if c == call && e == other
+            [ToFront::Answered { call: c, .. }, ToFront::Abort { exec: e, timed_out: false }] if c == call && e == other
         ));
         assert!(matches!(
             heard(&mut sim, exec_port)[..],

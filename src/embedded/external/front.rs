@@ -60,9 +60,12 @@ impl Front {
         while let Some((_, msg)) = requests.recv().await {
             match msg {
                 ToFront::Begin { exec, group } => self.begin(exec, group),
-                ToFront::Answered { call } => {
+                ToFront::Answered {
+                    call,
+                    output_tokens,
+                } => {
                     self.executions.answered(call);
-                    self.streams.answered(call);
+                    self.streams.answered(call, output_tokens);
                 }
                 ToFront::Abort { exec, timed_out } => self.abort(exec, timed_out),
             }

@@ -24,7 +24,9 @@ pub mod front;
 pub mod launcher;
 pub mod plane;
 pub mod run;
+pub mod side;
 pub mod streams;
 
 pub use launcher::{CommandLauncher, HarnessLauncher, HarnessRun, LaunchSpec};
 pub use run::{GatewayOptions, GatewayReport, run_with_gateway};
+pub use side::{GatewayCounters, GatewaySide};

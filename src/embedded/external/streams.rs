@@ -6,6 +6,12 @@
 //! tokens kept per call are what a retried attempt continues after, so the
 //! stream a client saw is the call's output however many engines served
 //! it.
+//!
+//! The answer says how many tokens the call produced in all, and the
+//! stream ends only once it holds them: in one process the tap has every
+//! token before the answer exists, but an engine in another process (a
+//! cluster's node agent) sends its tokens and its answer by different
+//! paths, and the answer must not cut the stream short.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -35,6 +41,8 @@ struct Stream {
     tokens: Vec<u32>,
     /// The engine of the last token, to count calls that changed engine.
     last_engine: Option<EngineIx>,
+    /// The proxy answered with this many tokens, not all of them here yet.
+    answered_at: Option<usize>,
     tx: mpsc::UnboundedSender<StreamEvent>,
 }
 
@@ -64,16 +72,27 @@ impl CallStreams {
             Stream {
                 tokens: Vec::new(),
                 last_engine: None,
+                answered_at: None,
                 tx,
             },
         );
         rx
     }
 
-    /// The proxy answered `call`: ends its stream.
-    pub fn answered(&self, call: CallId) {
-        if let Some(s) = lock(&self.calls).remove(&call) {
-            let _ = s.tx.send(StreamEvent::Answered);
+    /// The proxy answered `call` with `output_tokens` tokens in all: ends
+    /// its stream, at once or when the last of them arrives.
+    pub fn answered(&self, call: CallId, output_tokens: u64) {
+        let mut calls = lock(&self.calls);
+        let Some(s) = calls.get_mut(&call) else {
+            return;
+        };
+        let n = usize::try_from(output_tokens).unwrap_or(usize::MAX);
+        if s.tokens.len() >= n {
+            if let Some(s) = calls.remove(&call) {
+                let _ = s.tx.send(StreamEvent::Answered);
+            }
+        } else {
+            s.answered_at = Some(n);
         }
     }
 
@@ -131,7 +150,32 @@ impl TokenTap for CallStreams {
                 version,
             });
         }
+        if s.answered_at.is_some_and(|n| s.tokens.len() >= n)
+            && let Some(s) = calls.remove(&call)
+        {
+            let _ = s.tx.send(StreamEvent::Answered);
+        }
     }
+}
+
+/// A test's view of a stream: its tokens with their engines until it
+/// ends, and whether the answer ended it.
+#[cfg(test)]
+pub(crate) async fn drain(
+    mut rx: mpsc::UnboundedReceiver<StreamEvent>,
+) -> (Vec<(u32, EngineIx)>, bool) {
+    let mut got = Vec::new();
+    while let Some(e) = rx.recv().await {
+        got.push(e);
+    }
+    let ids = got
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::Token { id, engine, .. } => Some((*id, *engine)),
+            StreamEvent::Answered => None,
+        })
+        .collect();
+    (ids, got.last() == Some(&StreamEvent::Answered))
 }
 
 #[cfg(test)]
@@ -149,7 +193,7 @@ mod tests {
     #[tokio::test]
     async fn tokens_pass_once_in_order_and_a_retry_resumes_after_them() {
         let s = CallStreams::default();
-        let mut rx = s.open(call());
+        let rx = s.open(call());
         s.sampled(call(), 0, &[5], &[-0.5], EngineIx::Cell(0), 1);
         s.sampled(call(), 0, &[5, 6], &[-0.5, -0.6], EngineIx::Cell(0), 1);
         assert_eq!(s.resume(call()), vec![5, 6]);
@@ -157,18 +201,8 @@ mod tests {
         s.sampled(call(), 2, &[7], &[-0.7], EngineIx::Pool, 1);
         // A stale resend of old positions changes nothing.
         s.sampled(call(), 0, &[9, 9], &[-1.0, -1.0], EngineIx::Cell(0), 1);
-        s.answered(call());
-        let mut got = Vec::new();
-        while let Some(e) = rx.recv().await {
-            got.push(e);
-        }
-        let ids: Vec<_> = got
-            .iter()
-            .filter_map(|e| match e {
-                StreamEvent::Token { id, engine, .. } => Some((*id, *engine)),
-                StreamEvent::Answered => None,
-            })
-            .collect();
+        s.answered(call(), 3);
+        let (ids, answered) = drain(rx).await;
         assert_eq!(
             ids,
             vec![
@@ -177,11 +211,33 @@ mod tests {
                 (7, EngineIx::Pool)
             ]
         );
-        assert_eq!(got.last(), Some(&StreamEvent::Answered));
+        assert!(answered);
         assert_eq!(s.stats.engine_changes.load(Ordering::Relaxed), 1);
         assert_eq!(s.stats.resumed.load(Ordering::Relaxed), 1);
         // After the answer the call is gone: late tokens are dropped.
         s.sampled(call(), 3, &[8], &[-0.1], EngineIx::Pool, 1);
         assert_eq!(s.open_calls(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_answer_ahead_of_its_last_tokens_waits_for_them() {
+        let s = CallStreams::default();
+        let rx = s.open(call());
+        s.sampled(call(), 0, &[5], &[-0.5], EngineIx::Cell(1), 2);
+        // The answer overtook tokens 6 and 7 (another process's engine).
+        s.answered(call(), 3);
+        assert_eq!(s.open_calls(), 1);
+        s.sampled(
+            call(),
+            0,
+            &[5, 6, 7],
+            &[-0.5, -0.6, -0.7],
+            EngineIx::Cell(1),
+            2,
+        );
+        assert_eq!(s.open_calls(), 0);
+        let (ids, answered) = drain(rx).await;
+        assert_eq!(ids.len(), 3, "three tokens, then the answer: {ids:?}");
+        assert!(answered);
     }
 }
