@@ -150,6 +150,11 @@ impl SandboxPlan {
                 let argv = match (&extra.forward, self.network) {
                     (Some(f), NetworkMode::Gateway) => {
                         a.extend(["--bind".into(), s(&f.socket), s(&f.socket)]);
+                        // A forwarder under /tmp (a build there) is hidden
+                        // by the fresh /tmp unless brought back.
+                        if f.program.starts_with("/tmp") && f.program.exists() {
+                            a.extend(["--ro-bind".into(), s(&f.program), s(&f.program)]);
+                        }
                         super::forward::forwarded_argv(&f.program, f.listen, &f.socket, argv)
                     }
                     _ => argv,
@@ -289,6 +294,22 @@ mod tests {
         assert!(joined.ends_with(
             "-- /bin/gyre sandbox-forward --listen 127.0.0.1:8080 --unix /w/e1/gateway.sock -- agent"
         ));
+        assert!(!joined.contains("--ro-bind /bin/gyre"));
+        // A forwarder built under /tmp is brought back into the fresh /tmp.
+        let tmp = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+        let extra = Extra {
+            forward: Some(Forward {
+                program: tmp.path().into(),
+                listen: "127.0.0.1:8080".parse().unwrap(),
+                socket: "/w/e1/gateway.sock".into(),
+            }),
+            ..Extra::default()
+        };
+        let joined = plan
+            .wrap(vec!["agent".into()], &dirs(), &[], &extra)
+            .join(" ");
+        let p = tmp.path().display();
+        assert!(joined.contains(&format!("--ro-bind {p} {p}")), "{joined}");
         // The evaluator: no forwarder, no network.
         let eval = plan.wrap(vec!["grade".into()], &dirs(), &[], &Extra::default());
         assert!(eval.contains(&"--unshare-net".to_string()));
