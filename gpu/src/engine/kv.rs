@@ -174,6 +174,24 @@ impl KvStore for PagedKv<'_> {
             .write_rows(self.region, b, Rows::new(layer, 1, s.past, s.len), v);
         Ok(())
     }
+
+    fn rows_in_place(
+        &self,
+        seg_ix: usize,
+        layer: usize,
+        kv: usize,
+        n: usize,
+    ) -> Option<Vec<&[f32]>> {
+        let b = self.blocks.get(seg_ix)?;
+        if self.geo.blocks_for(n) > b.len() {
+            return None;
+        }
+        let mut runs = Vec::with_capacity(self.geo.blocks_for(n));
+        self.geo.rows(b, Rows::new(layer, kv, 0, n), |at, _, len| {
+            runs.push(&self.region[at..at + len]);
+        });
+        Some(runs)
+    }
 }
 
 const MAGIC: &[u8; 8] = b"GYREKV01";

@@ -13,7 +13,7 @@ use candle_core::{Device, Tensor};
 use super::Model;
 use super::config::{DecoderArch, Family, ModelConfig};
 use super::forward::{
-    KvStore, Segment, attend, attend_segments, causal_mask, check_batch, ragged_positions,
+    KvStore, Segment, attend, attend_ragged, causal_mask, check_batch, ragged_positions,
     rms_norm_eps, wanted_logits,
 };
 use super::params::ParamLayout;
@@ -245,22 +245,13 @@ impl Model for DecoderWeights {
         let cos = self.rope.cos.index_select(&pos, 0)?.unsqueeze(1)?;
         let sin = self.rope.sin.index_select(&pos, 0)?.unsqueeze(1)?;
         let mut x = self.embed.embedding(&ids)?;
-        let masks = segs
-            .iter()
-            .map(|s| causal_mask(s.len, s.past))
-            .collect::<Result<Vec<_>, _>>()?;
         for (li, l) in self.layers.iter().enumerate() {
             let h = self.norm(&x, &l.input_norm)?;
             let (q, k, v) = self.qkv(l, &h)?;
             let q = rope::apply(&q, &cos, &sin)?;
             let k = rope::apply(&k, &cos, &sin)?.reshape((total, kvh * hd))?;
             let v = v.reshape((total, kvh * hd))?;
-            // [m, kv*hd] → [kv, m, hd] → [heads, m, hd]
-            let by_head = |t: &Tensor, m: usize| -> Result<Tensor, ModelError> {
-                let t = t.reshape((m, kvh, hd))?.transpose(0, 1)?.contiguous()?;
-                self.repeat_kv(&t, 0)
-            };
-            let a = attend_segments(kv, li, segs, &masks, &q, &k, &v, &by_head)?;
+            let a = attend_ragged(kv, li, segs, &q, &k, &v, kvh)?;
             x = (x + l.o.forward(&a)?)?;
             x = (&x + self.mlp(l, &x)?)?;
         }

@@ -187,6 +187,19 @@ pub trait KvStore {
         k: &[f32],
         v: &[f32],
     ) -> Result<(), ModelError>;
+    /// The first `n` rows of keys (`kv` = 0) or values (1) of segment
+    /// `seg_ix` where they lie, as runs of whole rows in position order,
+    /// if the store holds them in memory; `None` (the default): read
+    /// them through [`load`](Self::load).
+    fn rows_in_place(
+        &self,
+        _seg_ix: usize,
+        _layer: usize,
+        _kv: usize,
+        _n: usize,
+    ) -> Option<Vec<&[f32]>> {
+        None
+    }
 }
 
 /// One segment's keys and values over its whole sequence: the cached rows
@@ -220,6 +233,9 @@ fn cached_and_new(
 /// [total, heads, hd], `k`/`v` are [total, kv_width] rows (stored through
 /// `kv`, after the cached rows it loads), `by_head` turns a segment's
 /// [m, kv_width] rows into [heads, m, hd]. Returns [total, heads·hd].
+///
+/// In tensor ops, as the trainer's batch computes attention: the
+/// reference [`attend_ragged`] (what the engine runs) is checked against.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_segments(
     kv: &mut dyn KvStore,
@@ -250,6 +266,159 @@ pub fn attend_segments(
     Ok(Tensor::cat(&outs, 0)?)
 }
 
+/// Causal attention of a ragged batch, in plain loops over the rows: `q`
+/// is [total, heads, hd], `k`/`v` are [total, kv_heads·hd] rows (stored
+/// through `kv`, after the cached rows it loads); query head h reads key
+/// head h / (heads / kv_heads). Returns [total, heads·hd].
+///
+/// It computes what [`attend_segments`] computes (scores scaled by
+/// 1/√hd, a causal softmax, the weighted values) without building
+/// tensors per segment: a decode step of many sequences is one new token
+/// each, and a dozen small tensor ops per sequence and layer cost far
+/// more than the arithmetic.
+pub fn attend_ragged(
+    kv: &mut dyn KvStore,
+    layer: usize,
+    segs: &[Segment],
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_heads: usize,
+) -> Result<Tensor, ModelError> {
+    let (total, heads, hd) = q.dims3()?;
+    let kvw = kv_heads * hd;
+    if kv_heads == 0 || heads % kv_heads != 0 || k.dims2()? != (total, kvw) {
+        return Err(ModelError::Config(format!(
+            "attention: {heads} query heads over {kv_heads} key heads of {hd} with keys {:?}",
+            k.dims()
+        )));
+    }
+    let group = heads / kv_heads;
+    let q = q.flatten_all()?.to_vec1::<f32>()?;
+    let k = k.flatten_all()?.to_vec1::<f32>()?;
+    let v = v.flatten_all()?.to_vec1::<f32>()?;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = vec![0f32; total * heads * hd];
+    let mut p = Vec::new();
+    for (si, s) in segs.iter().enumerate() {
+        let new = s.start * kvw..(s.start + s.len) * kvw;
+        let seen_all = s.past + s.len;
+        // The cache's rows where they lie, or a copy of them.
+        let copied;
+        let (kr, vr): (Vec<&[f32]>, Vec<&[f32]>) = match kv.rows_in_place(si, layer, 0, s.past) {
+            Some(_) => {
+                kv.store(si, layer, &k[new.clone()], &v[new])?;
+                let rows = |which| {
+                    kv.rows_in_place(si, layer, which, seen_all)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flat_map(|run| run.chunks_exact(kvw))
+                        .collect::<Vec<_>>()
+                };
+                (rows(0), rows(1))
+            }
+            None => {
+                let (mut kc, mut vc) = kv.load(si, layer)?;
+                kv.store(si, layer, &k[new.clone()], &v[new.clone()])?;
+                kc.extend_from_slice(&k[new.clone()]);
+                vc.extend_from_slice(&v[new]);
+                copied = (kc, vc);
+                (
+                    copied.0.chunks_exact(kvw).collect(),
+                    copied.1.chunks_exact(kvw).collect(),
+                )
+            }
+        };
+        if kr.len() != seen_all || vr.len() != seen_all {
+            return Err(ModelError::Config(format!(
+                "attention: the cache gave {} key and {} value rows of {seen_all}",
+                kr.len(),
+                vr.len()
+            )));
+        }
+        for i in 0..s.len {
+            let row = s.start + i;
+            let seen = s.past + i + 1;
+            for h in 0..heads {
+                let off = (h / group) * hd;
+                let qh = &q[(row * heads + h) * hd..][..hd];
+                let o = &mut out[(row * heads + h) * hd..][..hd];
+                let rows = Rows {
+                    keys: &kr[..seen],
+                    values: &vr[..seen],
+                    off,
+                };
+                head_attention(qh, rows, scale, &mut p, o);
+            }
+        }
+    }
+    Ok(Tensor::from_vec(out, (total, heads * hd), &Device::Cpu)?)
+}
+
+/// The key and value rows one query attends to, and where its head's
+/// columns start in them.
+struct Rows<'a> {
+    keys: &'a [&'a [f32]],
+    values: &'a [&'a [f32]],
+    off: usize,
+}
+
+/// One query head over its rows: `o` += softmax(q·k · scale) · v, with
+/// `p` as scratch. The same loops compiled for AVX2 and FMA where the CPU
+/// has them (the crate builds for baseline x86-64), else as they are.
+fn head_attention(q: &[f32], rows: Rows<'_>, scale: f32, p: &mut Vec<f32>, o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has both features, checked just above.
+        return unsafe { head_attention_avx2(q, rows, scale, p, o) };
+    }
+    head_attention_loops(q, rows, scale, p, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn head_attention_avx2(q: &[f32], rows: Rows<'_>, scale: f32, p: &mut Vec<f32>, o: &mut [f32]) {
+    head_attention_loops(q, rows, scale, p, o)
+}
+
+#[inline(always)]
+fn head_attention_loops(q: &[f32], rows: Rows<'_>, scale: f32, p: &mut Vec<f32>, o: &mut [f32]) {
+    let (hd, off) = (q.len(), rows.off);
+    p.clear();
+    p.extend(rows.keys.iter().map(|r| dot(q, &r[off..off + hd]) * scale));
+    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for x in p.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    for (&w, r) in p.iter().zip(rows.values) {
+        let w = w / sum;
+        for (o, &x) in o.iter_mut().zip(&r[off..off + hd]) {
+            *o += w * x;
+        }
+    }
+}
+
+/// Σ a·b, in eight lanes so the compiler keeps it in vector registers.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// One continuous-batching iteration: runs every segment's new tokens,
 /// writes their keys and values through `kv`, and returns the logits of
 /// the batch rows listed in `want` (in that order).
@@ -261,4 +430,138 @@ pub fn forward_ragged(
     want: &[usize],
 ) -> Result<Vec<Vec<f32>>, ModelError> {
     w.model().forward_ragged(tokens, segs, kv, want)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every segment's rows in a Vec: what a paged cache holds, unpaged.
+    struct MemKv {
+        segs: Vec<Segment>,
+        rows: Vec<[Vec<f32>; 2]>,
+        width: usize,
+        /// Lends its rows in place (in runs of three) instead of copies.
+        in_place: bool,
+    }
+
+    impl KvStore for MemKv {
+        fn load(&self, seg_ix: usize, _: usize) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+            let n = self.segs[seg_ix].past * self.width;
+            let [k, v] = &self.rows[seg_ix];
+            Ok((k[..n].to_vec(), v[..n].to_vec()))
+        }
+        fn store(
+            &mut self,
+            seg_ix: usize,
+            _: usize,
+            k: &[f32],
+            v: &[f32],
+        ) -> Result<(), ModelError> {
+            let n = self.segs[seg_ix].past * self.width;
+            let [ks, vs] = &mut self.rows[seg_ix];
+            ks.truncate(n);
+            vs.truncate(n);
+            ks.extend_from_slice(k);
+            vs.extend_from_slice(v);
+            Ok(())
+        }
+        fn rows_in_place(
+            &self,
+            seg_ix: usize,
+            _: usize,
+            kv: usize,
+            n: usize,
+        ) -> Option<Vec<&[f32]>> {
+            let rows = self.rows[seg_ix][kv].get(..n * self.width)?;
+            self.in_place.then(|| rows.chunks(3 * self.width).collect())
+        }
+    }
+
+    fn filled(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// The plain loops give what the tensor ops give, with grouped query
+    /// heads, cached prefixes, decode rows and a chunk of a prompt.
+    #[test]
+    fn ragged_attention_in_loops_equals_the_tensor_ops() {
+        for (heads, kv_heads, in_place) in
+            [(4, 4, false), (4, 2, false), (4, 4, true), (4, 2, true)]
+        {
+            let hd = 8;
+            let kvw = kv_heads * hd;
+            let segs = vec![
+                Segment {
+                    start: 0,
+                    len: 1,
+                    past: 5,
+                },
+                Segment {
+                    start: 1,
+                    len: 3,
+                    past: 0,
+                },
+                Segment {
+                    start: 4,
+                    len: 2,
+                    past: 7,
+                },
+            ];
+            let total = 6;
+            let mem = |segs: &[Segment]| MemKv {
+                segs: segs.to_vec(),
+                rows: segs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let n = s.past * kvw;
+                        [filled(n, 7 + i as u32), filled(n, 99 + i as u32)]
+                    })
+                    .collect(),
+                width: kvw,
+                in_place,
+            };
+            let q = Tensor::from_vec(
+                filled(total * heads * hd, 1),
+                (total, heads, hd),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let k = Tensor::from_vec(filled(total * kvw, 2), (total, kvw), &Device::Cpu).unwrap();
+            let v = Tensor::from_vec(filled(total * kvw, 3), (total, kvw), &Device::Cpu).unwrap();
+            let masks: Vec<Tensor> = segs
+                .iter()
+                .map(|s| causal_mask(s.len, s.past).unwrap())
+                .collect();
+            let group = heads / kv_heads;
+            let by_head = |t: &Tensor, m: usize| -> Result<Tensor, ModelError> {
+                let t = t
+                    .reshape((m, kv_heads, hd))?
+                    .transpose(0, 1)?
+                    .contiguous()?;
+                let which: Vec<u32> = (0..heads).map(|h| (h / group) as u32).collect();
+                let which = Tensor::from_vec(which, heads, &Device::Cpu)?;
+                Ok(t.index_select(&which, 0)?)
+            };
+            let (mut a, mut b) = (mem(&segs), mem(&segs));
+            let want = attend_segments(&mut a, 0, &segs, &masks, &q, &k, &v, &by_head)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            let got = attend_ragged(&mut b, 0, &segs, &q, &k, &v, kv_heads)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
+                assert!(
+                    (w - g).abs() < 1e-5,
+                    "{w} vs {g} ({heads}/{kv_heads} heads)"
+                );
+            }
+            assert_eq!(a.rows, b.rows, "the new rows are stored alike");
+        }
+    }
 }

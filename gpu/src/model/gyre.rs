@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 use super::Model;
 use super::config::ModelConfig;
 use super::forward::{
-    KvStore, Segment, attend, attend_segments, causal_mask, check_batch, ragged_positions,
+    KvStore, Segment, attend, attend_ragged, causal_mask, check_batch, ragged_positions,
     rms_norm_eps, wanted_logits,
 };
 use crate::error::ModelError;
@@ -131,10 +131,6 @@ impl Model for GyreWeights {
         let ids = Tensor::from_slice(tokens, total, &Device::Cpu)?;
         let pos = Tensor::from_vec(positions, total, &Device::Cpu)?;
         let mut x = (self.tok_emb.embedding(&ids)? + self.pos_emb.embedding(&pos)?)?;
-        let masks = segs
-            .iter()
-            .map(|s| causal_mask(s.len, s.past))
-            .collect::<Result<Vec<_>, _>>()?;
         for (li, l) in self.layers.iter().enumerate() {
             let hn = rms_norm(&x, &l.attn_norm)?;
             let qkv = hn.matmul(&l.wqkv)?;
@@ -143,11 +139,8 @@ impl Model for GyreWeights {
                 qkv.narrow(1, d, d)?,
                 qkv.narrow(1, 2 * d, d)?,
             );
-            let by_head = |t: &Tensor, rows: usize| -> Result<Tensor, ModelError> {
-                Ok(t.reshape((rows, h, hd))?.transpose(0, 1)?.contiguous()?)
-            };
             let q = q.reshape((total, h, hd))?;
-            let a = attend_segments(kv, li, segs, &masks, &q, &k, &v, &by_head)?;
+            let a = attend_ragged(kv, li, segs, &q, &k.contiguous()?, &v.contiguous()?, h)?;
             x = (x + a.matmul(&l.wo)?)?;
             x = (&x + mlp(l, &x)?)?;
         }
