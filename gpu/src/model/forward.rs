@@ -273,9 +273,10 @@ pub fn attend_segments(
 ///
 /// It computes what [`attend_segments`] computes (scores scaled by
 /// 1/√hd, a causal softmax, the weighted values) without building
-/// tensors per segment: a decode step of many sequences is one new token
-/// each, and a dozen small tensor ops per sequence and layer cost far
-/// more than the arithmetic.
+/// tensors per segment for segments of a few new rows: a decode step of
+/// many sequences is one new token each, and a dozen small tensor ops per
+/// sequence and layer cost far more than the arithmetic. A segment of
+/// [`TENSOR_ROWS`] or more (a prompt chunk) still runs as tensor ops.
 pub fn attend_ragged(
     kv: &mut dyn KvStore,
     layer: usize,
@@ -336,6 +337,12 @@ pub fn attend_ragged(
                 vr.len()
             )));
         }
+        if s.len >= TENSOR_ROWS {
+            let rows = s.start * heads * hd..(s.start + s.len) * heads * hd;
+            let o = attend_in_tensors(&q[rows.clone()], &kr, &vr, s, [heads, kv_heads, hd])?;
+            out[rows].copy_from_slice(&o);
+            continue;
+        }
         for i in 0..s.len {
             let row = s.start + i;
             let seen = s.past + i + 1;
@@ -353,6 +360,52 @@ pub fn attend_ragged(
         }
     }
     Ok(Tensor::from_vec(out, (total, heads * hd), &Device::Cpu)?)
+}
+
+/// New rows of a segment from which its attention runs as tensor ops
+/// (two batched matmuls) rather than loops: a prompt chunk's rows share
+/// one pass over the cache, where a loop walks it once per row.
+const TENSOR_ROWS: usize = 8;
+
+/// One segment's attention in tensor ops: `q` its rows' queries
+/// [len, heads, hd], `kr`/`vr` every key and value row it sees; returns
+/// [len, heads·hd] flat.
+fn attend_in_tensors(
+    q: &[f32],
+    kr: &[&[f32]],
+    vr: &[&[f32]],
+    s: &Segment,
+    [heads, kv_heads, hd]: [usize; 3],
+) -> Result<Vec<f32>, ModelError> {
+    let m = kr.len();
+    let group = heads / kv_heads;
+    let which = Tensor::from_vec(
+        (0..heads).map(|h| (h / group) as u32).collect::<Vec<_>>(),
+        heads,
+        &Device::Cpu,
+    )?;
+    // [m, kv_heads·hd] rows → [heads, m, hd], query head h on key head h / group.
+    let by_head = |rows: &[&[f32]]| -> Result<Tensor, ModelError> {
+        let t = Tensor::from_vec(rows.concat(), (m, kv_heads, hd), &Device::Cpu)?
+            .transpose(0, 1)?
+            .contiguous()?;
+        Ok(if group == 1 {
+            t
+        } else {
+            t.index_select(&which, 0)?
+        })
+    };
+    let qs = Tensor::from_slice(q, (s.len, heads, hd), &Device::Cpu)?
+        .transpose(0, 1)?
+        .contiguous()?;
+    let o = attend(
+        &qs,
+        &by_head(kr)?,
+        &by_head(vr)?,
+        &causal_mask(s.len, s.past)?,
+        hd,
+    )?;
+    Ok(o.transpose(0, 1)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// The key and value rows one query attends to, and where its head's
@@ -485,7 +538,8 @@ mod tests {
     }
 
     /// The plain loops give what the tensor ops give, with grouped query
-    /// heads, cached prefixes, decode rows and a chunk of a prompt.
+    /// heads, cached prefixes, decode rows and chunks of a prompt (short
+    /// ones in loops, a long one in tensors).
     #[test]
     fn ragged_attention_in_loops_equals_the_tensor_ops() {
         for (heads, kv_heads, in_place) in
@@ -509,8 +563,14 @@ mod tests {
                     len: 2,
                     past: 7,
                 },
+                // A prompt chunk: tensor ops.
+                Segment {
+                    start: 6,
+                    len: TENSOR_ROWS + 1,
+                    past: 4,
+                },
             ];
-            let total = 6;
+            let total = 6 + TENSOR_ROWS + 1;
             let mem = |segs: &[Segment]| MemKv {
                 segs: segs.to_vec(),
                 rows: segs
