@@ -470,16 +470,23 @@ async fn run_head(
         Some(gw) => {
             let (task, prepared) = side::prepare(&gw, front);
             let factory = EmbeddedBackends::with_task(cfg, shared.clone(), task, None)?;
-            let dir = gw.dir.clone().unwrap_or_else(|| {
-                std::env::temp_dir().join(format!(
-                    "gyre-cluster-{}-{}",
-                    std::process::id(),
-                    cfg.seed
-                ))
-            });
+            // As in the one-process run: without `--run-dir` the
+            // workspaces and logs live in a temporary folder removed at
+            // the end (the records stay in the report).
+            let (dir, temporary) = match &gw.dir {
+                Some(d) => (d.clone(), false),
+                None => (
+                    std::env::temp_dir().join(format!(
+                        "gyre-cluster-{}-{}",
+                        std::process::id(),
+                        cfg.seed
+                    )),
+                    true,
+                ),
+            };
             std::fs::create_dir_all(&dir)?;
             let side = prepared
-                .open(cfg, &gw, dir, &shared)
+                .open(cfg, &gw, dir.clone(), &shared)
                 .await
                 .map_err(|e| ClusterError::Gateway(e.to_string()))?;
             tracing::info!(gateway = %side.api_base, "gateway listening for harness processes");
@@ -501,13 +508,17 @@ async fn run_head(
             // The front's probe is gone with the host: the front ends and
             // kills the harnesses still running.
             live.clone().shutdown().await;
-            match (outcome, side) {
+            let outcome = match (outcome, side) {
                 (Ok(mut report), Some(side)) => {
                     report.gateway = Some(side.close().await.0);
                     Ok(report)
                 }
                 (outcome, _) => outcome,
+            };
+            if temporary {
+                let _ = std::fs::remove_dir_all(&dir);
             }
+            outcome
         }
     };
     live.shutdown().await;
