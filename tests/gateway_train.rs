@@ -39,32 +39,40 @@ fn python_openai_missing(test: &str) -> bool {
     true
 }
 
-/// `gyre train --tiny --steps 2` with the byte game's agent and grader
-/// behind the gateway, plus `extra`; its JSON report, its records' store
-/// and its run directory.
-fn train_through_the_gateway(extra: &[&str]) -> (serde_json::Value, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let runs = dir.path().join("runs");
-    let harness = format!("python3 {AGENT}");
+/// `gyre train --tiny --steps STEPS` with `harness` (the byte game's
+/// agent, or a command around it) and grader behind the gateway, the run
+/// folder and the records' store under `dir`.
+fn gateway_args(dir: &std::path::Path, steps: &str, harness: &str) -> Vec<String> {
     let evaluator = format!("python3 {GRADER} {{workspace}}");
-    let mut args = vec![
+    let (store, runs) = (dir.join("store"), dir.join("runs"));
+    [
         "train",
         "--tiny",
         "--steps",
-        "2",
+        steps,
         "--json",
         "--gateway-listen",
         "127.0.0.1:0",
         "--harness-cmd",
-        &harness,
+        harness,
         "--evaluator-cmd",
         &evaluator,
         "--run-dir",
         runs.to_str().unwrap(),
         "--gateway-store",
         store.to_str().unwrap(),
-    ];
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// `gateway_args` for 2 steps of the agent, plus `extra`; its JSON report
+/// and the folder holding its records' store and run directory.
+fn train_through_the_gateway(extra: &[&str]) -> (serde_json::Value, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let args = gateway_args(dir.path(), "2", &format!("python3 {AGENT}"));
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend_from_slice(extra);
     let out = ok(&args);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
@@ -164,4 +172,117 @@ fn check(r: &serde_json::Value, g: &serde_json::Value, dir: &std::path::Path) {
         })
     });
     assert!(extended, "a second call extends the first token for token");
+}
+
+/// How many processes carry `GYRE_RUN=<run>`.
+fn of_run(run: &str) -> usize {
+    gyre::harness::orphans::find(run).len()
+}
+
+#[test]
+fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
+    // kill -9 of the head of a cluster run with the gateway in front: its
+    // harness processes (each with a straggler in its group, which the
+    // head would have killed with it) outlive it. `--resume` on the same
+    // journal kills them first, gives its own workspaces a folder of their
+    // own, appends to the same gateway store and trains the rest: one
+    // update per version, and no process of the run left afterwards.
+    if python_openai_missing(
+        "a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running",
+    ) {
+        return;
+    }
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    std::fs::create_dir_all(&ck).unwrap();
+    let config = dir.path().join("ck.toml");
+    std::fs::write(
+        &config,
+        format!("[checkpoint]\nevery = 1\ndir = \"{}\"\n", ck.display()),
+    )
+    .unwrap();
+    let run = gyre::harness::orphans::tag_of(&ck);
+    let (store, runs) = (dir.path().join("store"), dir.path().join("runs"));
+    let harness = format!("sh -c 'sleep 600 & exec python3 {AGENT}'");
+    let mut args = gateway_args(dir.path(), "4", &harness);
+    let config = config.display().to_string();
+    args.extend(["--cluster", "local", "--config", &config].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(&args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("gyre runs");
+    let journal = ck.join("run.jsonl");
+    let updates = || {
+        std::fs::read_to_string(&journal)
+            .map(|j| j.matches(r#""kind":"update""#).count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !(updates() >= 2 && of_run(&run) > 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the run never had 2 updates with harnesses running"
+        );
+        assert!(
+            head.try_wait().unwrap().is_none(),
+            "the run ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    head.kill().unwrap();
+    head.wait().unwrap();
+    let journaled = updates() as u64;
+    // The stragglers outlive their head: nobody kills their groups.
+    std::thread::sleep(Duration::from_millis(500));
+    let left = of_run(&run);
+    assert!(left > 0, "no harness process outlived the head");
+    let first_calls = Store::open(&store).unwrap().load().unwrap().calls.len();
+
+    let out = ok(&[args.as_slice(), &["--resume"]].concat());
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let resumed = &r["resumed"];
+    let from = resumed["from_version"]
+        .as_u64()
+        .expect("resumed.from_version");
+    assert!(from >= 1 && from <= journaled, "{r}");
+    assert!(
+        resumed["harnesses_killed"].as_u64().unwrap() >= 1,
+        "the lost head's harnesses were killed: {r}"
+    );
+    let versions: Vec<u64> = r["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, vec![1, 2, 3, 4], "one update per version: {r}");
+    assert_eq!(r["redone_updates"].as_u64(), Some(journaled - from), "{r}");
+    // Every answered call of the resumed run has its record, appended to
+    // the records the lost head committed.
+    let g = &r["gateway"];
+    assert_eq!(g["calls_without_record"], 0, "{r}");
+    let calls = g["gateway_calls"].as_u64().unwrap() as usize;
+    assert!(calls > 0, "{r}");
+    let loaded = Store::open(&store).unwrap().load().unwrap();
+    assert_eq!(loaded.calls.len(), first_calls + calls, "{r}");
+    // Workspaces of the two heads in folders of their own.
+    for w in [runs.join("workspaces"), runs.join("resume-1/workspaces")] {
+        assert!(
+            std::fs::read_dir(&w).is_ok_and(|mut d| d.next().is_some()),
+            "{} holds workspaces",
+            w.display()
+        );
+    }
+    // Nothing of the run is left running: neither the lost head's
+    // harnesses nor the stragglers of the resumed run's own.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while of_run(&run) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(of_run(&run), 0, "processes of the run still running");
 }

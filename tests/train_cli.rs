@@ -201,9 +201,25 @@ fn combinations_not_built_are_refused_naming_them() {
             "127.0.0.1:0",
             "--harness-cmd",
             "true",
+            "--evaluator-cmd",
+            "true",
             "--resume",
         ],
-        &["--resume", "--gateway-listen"],
+        &["--resume", "[checkpoint]"],
+    );
+    // Commands are split as a shell splits words: an open quote is named.
+    refused(
+        &[
+            "train",
+            "--tiny",
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--harness-cmd",
+            "sh -c 'echo hi",
+            "--evaluator-cmd",
+            "true",
+        ],
+        &["--harness-cmd", "unterminated quote"],
     );
     refused(
         &[

@@ -109,14 +109,16 @@ pub struct TrainArgs {
     /// the live host.
     #[arg(long, requires_all = ["harness_cmd", "evaluator_cmd"])]
     pub gateway_listen: Option<String>,
-    /// The harness command of each execution, split on whitespace (an
-    /// argument naming a file relative to here is made absolute);
+    /// The harness command of each execution, split into words as a shell
+    /// does (quotes and backslashes; no expansion), an argument naming a
+    /// file relative to here made absolute;
     /// `{query}`, `{group}`, `{workspace}`, `{execution}` are filled in. It
     /// runs in a fresh workspace with OPENAI_BASE_URL, OPENAI_API_KEY,
-    /// ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY, GYRE_EXECUTION and GYRE_QUERY.
+    /// ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY, GYRE_EXECUTION, GYRE_QUERY and
+    /// GYRE_RUN (the run, see `gyre::harness::orphans`).
     #[arg(long, requires = "gateway_listen")]
     pub harness_cmd: Option<String>,
-    /// The evaluator command, split on whitespace (`{workspace}`,
+    /// The evaluator command, split as `--harness-cmd` (`{workspace}`,
     /// `{query}`); prints `{"score": x, "valid": bool}`.
     #[arg(long, requires = "gateway_listen")]
     pub evaluator_cmd: Option<String>,
@@ -226,9 +228,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let external = args.job.is_some() || args.gateway_listen.is_some();
     if sglang && args.cluster.is_some() {
         bail!("--cluster does not combine with --engines serve or --engine-urls (yet)");
-    }
-    if external && args.cluster.is_some() && args.resume {
-        bail!("--resume does not combine with --job or --gateway-listen (yet)");
     }
     if sglang && external {
         bail!(
@@ -492,9 +491,11 @@ fn cluster_options(spec: &str, args: &TrainArgs) -> Result<ClusterOptions> {
 }
 
 fn words(flag: &str, cmd: Option<&String>) -> Result<Vec<String>> {
-    let argv: Vec<String> = cmd
-        .map(|c| c.split_whitespace().map(str::to_string).collect())
-        .unwrap_or_default();
+    let argv: Vec<String> = match cmd {
+        Some(c) => shlex::split(c)
+            .with_context(|| format!("{flag} {c:?}: an unterminated quote or escape"))?,
+        None => Vec::new(),
+    };
     if argv.is_empty() {
         bail!("{flag} is empty");
     }
@@ -686,6 +687,12 @@ fn print_resumed(r: Option<&ResumeReport>) {
             "resumed from the core's checkpoint of version {} ({} earlier resumes; {} journaled updates after the checkpoint made again)",
             r.from_version, r.earlier_resumes, r.lost_updates
         );
+        if r.harnesses_killed > 0 {
+            println!(
+                "killed {} harness processes the lost head left running",
+                r.harnesses_killed
+            );
+        }
     }
 }
 

@@ -162,6 +162,9 @@ pub struct ResumeReport {
     /// Updates earlier runs journaled after their last checkpoint, made
     /// again.
     pub lost_updates: u64,
+    /// Harness processes earlier heads left running, killed before this
+    /// run started its own ([`crate::harness::orphans`]).
+    pub harnesses_killed: u64,
 }
 
 /// A run's journal as opened for it: none without checkpoints; with
@@ -241,6 +244,7 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
         from_version: version,
         earlier_resumes: resumed.resumes,
         lost_updates: resumed.lost_updates,
+        harnesses_killed: 0,
     };
     Ok(Opened {
         journal: Some(journal),

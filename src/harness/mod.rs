@@ -8,6 +8,8 @@
 //! - [`workspace`]: per-execution folders and the content hash.
 //! - [`process`]: a child in its own session and group, rlimits, logs,
 //!   timeouts that kill the whole group, nothing left behind.
+//! - [`orphans`]: the harnesses a killed head left running, found by
+//!   their run's `GYRE_RUN` and killed when the run resumes.
 //! - [`sandbox`]: none, bwrap, or a user's container prefix; [`forward`]:
 //!   a bwrap sandbox's only way out, to the gateway.
 //! - [`access`]: opening and closing executions at the gateway.
@@ -26,6 +28,7 @@ pub mod evaluator;
 pub mod forward;
 pub mod job;
 pub mod launcher;
+pub mod orphans;
 pub mod placeholders;
 pub mod process;
 pub mod runner;

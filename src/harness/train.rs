@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::access::Credentials;
 use super::evaluator::{EvalTarget, EvaluatorConfig, EvaluatorRunner, Verdict};
 use super::job::{JobError, JobFile};
+use super::orphans::RUN_VAR;
 use super::runner::{ExecutionRequest, HarnessRunner, RunOutcome, RunnerConfig};
 use super::tasks::{Epochs, Task, TaskError, TaskSet};
 use crate::embedded::cluster::EmbeddedConfig;
@@ -256,6 +257,7 @@ impl HarnessLauncher for JobLauncher {
                 ("GYRE_QUERY".into(), index.to_string()),
                 ("GYRE_GROUP".into(), spec.group.to_string()),
                 ("GYRE_TASK".into(), task.name.clone()),
+                (RUN_VAR.into(), spec.run.clone()),
             ],
         };
         let (runner, targets, counters) = (

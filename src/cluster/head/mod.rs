@@ -58,6 +58,7 @@ use crate::embedded::run_journal::{
 };
 use crate::embedded::task::{TaskStats, Workspaces};
 use crate::embedded::trainer::UpdateSummary;
+use crate::harness::orphans;
 
 /// How a cluster run is placed.
 #[derive(Debug, Clone)]
@@ -424,7 +425,7 @@ async fn run_head(
     let Opened {
         mut journal,
         resumed,
-        report: resume_report,
+        report: mut resume_report,
         cfg,
     } = run_journal::open(cfg, opts.resume)?;
     let cfg = &cfg;
@@ -485,8 +486,25 @@ async fn run_head(
                 ),
             };
             std::fs::create_dir_all(&dir)?;
+            // The harnesses are told the run's journal folder (or, without
+            // one, the run's folder): a resume kills those an earlier head
+            // left running, and gives its own workspaces a folder of their
+            // own (execution ids start from 0 again).
+            let run_tag = orphans::tag_of(&cfg.checkpoint.path().map_or(dir.clone(), |_| {
+                std::path::PathBuf::from(&cfg.checkpoint.dir)
+            }));
+            let work = match &resumed {
+                Some(r) => {
+                    let killed = orphans::reap(&run_tag) as u64;
+                    if let Some(report) = resume_report.as_mut() {
+                        report.harnesses_killed = killed;
+                    }
+                    dir.join(format!("resume-{}", r.resumes + 1))
+                }
+                None => dir.clone(),
+            };
             let side = prepared
-                .open(cfg, &gw, dir.clone(), &shared)
+                .open(cfg, &gw, work, run_tag, &shared)
                 .await
                 .map_err(|e| ClusterError::Gateway(e.to_string()))?;
             tracing::info!(gateway = %side.api_base, "gateway listening for harness processes");

@@ -52,6 +52,8 @@ pub struct Front {
     pub api_base: String,
     /// Workspaces and logs go under it.
     pub dir: PathBuf,
+    /// The run's tag every harness gets as `GYRE_RUN`.
+    pub run: String,
     pub runs: HashMap<ExecId, (String, AbortHandle)>,
 }
 
@@ -124,6 +126,7 @@ impl Front {
             group: group.0,
             workspace,
             log: logs.join(format!("e{}.log", exec.0)),
+            run: self.run.clone(),
         });
         let (gateway, board, inbox, id, executions) = (
             self.gateway.clone(),

@@ -17,6 +17,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gyre_actors::sched::proto::harness::HarnessOutcome;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use crate::harness::orphans::RUN_VAR;
 
 /// A running harness: resolves when it has ended; dropped, it is stopped.
 pub type HarnessRun = Pin<Box<dyn Future<Output = HarnessOutcome> + Send>>;
@@ -38,6 +42,9 @@ pub struct LaunchSpec {
     pub workspace: PathBuf,
     /// Where the program's stdout and stderr go.
     pub log: PathBuf,
+    /// The run it belongs to (`GYRE_RUN`, see [`crate::harness::orphans`]):
+    /// a resumed run kills what a killed head of it left running.
+    pub run: String,
 }
 
 impl LaunchSpec {
@@ -52,6 +59,7 @@ impl LaunchSpec {
             ("GYRE_EXECUTION", self.execution.clone()),
             ("GYRE_QUERY", self.query.to_string()),
             ("GYRE_GROUP", self.group.to_string()),
+            (RUN_VAR, self.run.clone()),
         ]
     }
 
@@ -78,7 +86,9 @@ pub trait HarnessLauncher: Send + Sync + 'static {
     }
 }
 
-/// Runs `argv` (placeholders filled per execution) in the workspace.
+/// Runs `argv` (placeholders filled per execution) in the workspace, as
+/// the leader of a process group of its own: when it ends, however it
+/// ends, what it left running in the group is killed.
 #[derive(Debug, Clone)]
 pub struct CommandLauncher {
     pub argv: Vec<String>,
@@ -130,6 +140,7 @@ impl HarnessLauncher for CommandLauncher {
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(err_log)
+                .process_group(0)
                 .kill_on_drop(true);
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
@@ -138,6 +149,10 @@ impl HarnessLauncher for CommandLauncher {
                     return HarnessOutcome::Failed { complete: true };
                 }
             };
+            let _group = child
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .map(|id| GroupGuard(Pid::from_raw(id)));
             match tokio::time::timeout(timeout, child.wait()).await {
                 Ok(Ok(status)) => outcome_of(status),
                 Ok(Err(error)) => {
@@ -150,6 +165,16 @@ impl HarnessLauncher for CommandLauncher {
                 }
             }
         })
+    }
+}
+
+/// Kills a harness's process group when its run ends or is dropped (an
+/// abort): the leader may be gone, its stragglers not.
+struct GroupGuard(Pid);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let _ = killpg(self.0, Signal::SIGKILL);
     }
 }
 
@@ -166,6 +191,7 @@ mod tests {
             group: 13,
             workspace: dir.to_path_buf(),
             log: dir.join("log"),
+            run: "/runs/r1".into(),
         }
     }
 
@@ -192,6 +218,36 @@ mod tests {
             missing.launch(spec(dir.path())).await,
             HarnessOutcome::Failed { complete: true }
         );
+        // What the harness left running in its group dies with it.
+        let straggling = CommandLauncher::new(
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "sleep 300 & echo $! > straggler".into(),
+            ],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert_eq!(
+            straggling.launch(spec(dir.path())).await,
+            HarnessOutcome::Completed
+        );
+        let pid = std::fs::read_to_string(dir.path().join("straggler")).unwrap();
+        let stat = format!("/proc/{}/stat", pid.trim());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let running = || {
+            std::fs::read_to_string(&stat).is_ok_and(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+        };
+        while running() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!running(), "the harness's straggler outlived it");
         let hang =
             CommandLauncher::new(vec!["sleep".into(), "30".into()], Duration::from_millis(50))
                 .unwrap();

@@ -22,6 +22,7 @@ use crate::embedded::run::{VersionReward, rewards};
 use crate::embedded::shared::lock;
 use crate::embedded::task::{TaskStats, Workspaces};
 use crate::embedded::trainer::UpdateSummary;
+use crate::harness::orphans;
 
 /// How to run the external harnesses.
 pub struct GatewayOptions {
@@ -145,7 +146,13 @@ async fn run_async(
         Arc::new(Workspaces::new()),
     )?;
     let mut gateway = prepared
-        .open(cfg, &opts, dir.clone(), &parts.shared)
+        .open(
+            cfg,
+            &opts,
+            dir.clone(),
+            orphans::tag_of(&dir),
+            &parts.shared,
+        )
         .await?;
     started(&gateway.api_base);
     gateway.attach(node.clone(), parts.backends.harness);

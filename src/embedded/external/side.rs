@@ -139,12 +139,14 @@ pub fn prepare(
 impl Prepared {
     /// Builds the gateway over the run's payload store and published
     /// weights (`shared`) and binds its listener; workspaces and logs go
-    /// under `dir`.
+    /// under `dir`, and every harness is told `run`
+    /// ([`crate::harness::orphans`]).
     pub async fn open(
         self,
         cfg: &EmbeddedConfig,
         opts: &GatewayOptions,
         dir: PathBuf,
+        run: String,
         shared: &Shared,
     ) -> Result<GatewaySide, GatewayRunError> {
         let Prepared {
@@ -204,6 +206,7 @@ impl Prepared {
             task: cfg.task.clone(),
             api_base: api_base.clone(),
             dir,
+            run,
             runs: Default::default(),
         };
         Ok(GatewaySide {
