@@ -241,7 +241,12 @@ fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
     std::thread::sleep(Duration::from_millis(500));
     let left = of_run(&run);
     assert!(left > 0, "no harness process outlived the head");
-    let first_calls = Store::open(&store).unwrap().load().unwrap().calls.len();
+    let lost = Store::open(&store).unwrap().load().unwrap();
+    let first_calls = lost.calls.len();
+    assert!(
+        lost.executions.iter().any(|e| !e.closed),
+        "the lost head left executions open"
+    );
 
     let out = ok(&[args.as_slice(), &["--resume"]].concat());
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
@@ -270,6 +275,18 @@ fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
     assert!(calls > 0, "{r}");
     let loaded = Store::open(&store).unwrap().load().unwrap();
     assert_eq!(loaded.calls.len(), first_calls + calls, "{r}");
+    // The lost head's executions were open when it died; the resume
+    // closed them (their keys refused) and its own as they ended.
+    assert!(
+        loaded.executions.iter().all(|e| e.closed),
+        "executions left open: {:?}",
+        loaded
+            .executions
+            .iter()
+            .filter(|e| !e.closed)
+            .map(|e| &e.id)
+            .collect::<Vec<_>>()
+    );
     // Workspaces of the two heads in folders of their own.
     for w in [runs.join("workspaces"), runs.join("resume-1/workspaces")] {
         assert!(

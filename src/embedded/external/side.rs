@@ -189,6 +189,16 @@ impl Prepared {
                 blobs,
                 board: board.clone(),
             }));
+        // Executions read back from the store still open belong to an
+        // earlier run or to a lost head of this one: their harnesses are
+        // gone (a resume kills them first), so their keys stop working.
+        for (meta, _) in gateway.list_executions() {
+            if !meta.closed {
+                gateway
+                    .close_execution(&meta.id)
+                    .map_err(|e| gw(&e.message()))?;
+            }
+        }
         let gateway = Arc::new(gateway);
         let listener = tokio::net::TcpListener::bind(opts.listen).await?;
         let api_base = format!("http://{}", listener.local_addr()?);
