@@ -303,3 +303,62 @@ fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
     }
     assert_eq!(of_run(&run), 0, "processes of the run still running");
 }
+
+#[test]
+fn ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers() {
+    // Harnesses run in process groups of their own, so the terminal's
+    // Ctrl-C never reaches them: `gyre train` ends them itself before it
+    // exits on SIGINT or SIGTERM, stragglers included, in one process and
+    // as the head of a cluster.
+    if python_openai_missing("ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers")
+    {
+        return;
+    }
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+    for (signal, extra, code) in [
+        (Signal::SIGINT, &[][..], 130),
+        (Signal::SIGTERM, &["--cluster", "local"][..], 143),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        std::fs::create_dir_all(&runs).unwrap();
+        let run = gyre::harness::orphans::tag_of(&runs);
+        let harness = format!("sh -c 'sleep 600 & exec python3 {AGENT}'");
+        let mut args = gateway_args(dir.path(), "50", &harness);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut gyre = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("gyre runs");
+        // Harnesses and their stragglers running.
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while of_run(&run) < 4 {
+            assert!(Instant::now() < deadline, "no harnesses started");
+            assert!(gyre.try_wait().unwrap().is_none(), "the run ended early");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        kill(Pid::from_raw(gyre.id() as i32), signal).unwrap();
+        let out = gyre.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{signal}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("stopped by {signal}")),
+            "{signal}: {stderr}"
+        );
+        // SIGKILL is asynchronous: give the kernel a moment to reap.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while of_run(&run) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            of_run(&run),
+            0,
+            "{signal}: processes of the run left running"
+        );
+    }
+}

@@ -243,6 +243,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
             "--publish, --publish-dir and --reject-retries apply to --engines serve / --engine-urls"
         );
     }
+    if external {
+        // Harnesses run in process groups of their own, out of reach of
+        // the terminal's Ctrl-C: end them before exiting on a signal.
+        crate::harness::orphans::end_on_signal()
+            .context("installing the SIGINT/SIGTERM handler")?;
+    }
     let plain = !sglang && !external && args.record.is_none() && args.host != HostKind::Actix;
     if args.resume && args.cluster.is_none() && !plain {
         bail!(

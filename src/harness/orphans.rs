@@ -9,9 +9,15 @@
 //! Matching the environment rather than recorded process ids cannot hit
 //! an unrelated process that reused an id, and finds a harness's own
 //! children too. Where /proc is not there (not Linux), nothing is found.
+//!
+//! The same tag ends a run's harnesses when `gyre train` is stopped by
+//! SIGINT (Ctrl-C) or SIGTERM: harness groups do not see the terminal's
+//! signal, so a run being started [`watch`]es its tag and
+//! [`end_on_signal`] reaps every watched tag before the process exits.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, getpgid, getpgrp};
@@ -76,10 +82,102 @@ pub fn reap(run: &str) -> usize {
         tracing::warn!(
             run,
             processes = procs.len(),
-            "killed the harness processes an earlier head of this run left behind"
+            "killed harness processes of this run"
         );
     }
     procs.len()
+}
+
+/// The runs of this process whose harnesses a signal must end, each with
+/// the temporary folder to remove with them (a run without `--run-dir`).
+static WATCHED: Mutex<Vec<(u64, String, Option<PathBuf>)>> = Mutex::new(Vec::new());
+static NEXT_WATCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A run's tag watched by [`end_on_signal`] while this lives.
+#[must_use = "the run is watched only while the Watch lives"]
+pub struct Watch(u64);
+
+/// Watches `run` (and its temporary folder, if any) until the returned
+/// [`Watch`] is dropped, which the run does once it has ended its
+/// harnesses itself.
+pub fn watch(run: &str, temporary: Option<&Path>) -> Watch {
+    let id = NEXT_WATCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    watched().push((id, run.to_string(), temporary.map(Path::to_path_buf)));
+    Watch(id)
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        watched().retain(|(id, _, _)| *id != self.0);
+    }
+}
+
+fn watched() -> std::sync::MutexGuard<'static, Vec<(u64, String, Option<PathBuf>)>> {
+    WATCHED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is ending its runs on a signal: launchers start no
+/// harness any more (one started now would outlive the exit).
+pub fn stopping() -> bool {
+    STOPPING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Stops harness launches, kills the harnesses of every watched run and
+/// removes their temporary folders; returns how many processes were
+/// killed. A launch that passed its [`stopping`] check just before may
+/// still be between fork and exec (its environment not yet the run's),
+/// so the runs are scanned until a few scans in a row find nothing.
+pub fn reap_watched() -> usize {
+    STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
+    let runs: Vec<_> = watched().clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let (mut killed, mut quiet) = (0, 0);
+    while quiet < 3 && std::time::Instant::now() < deadline {
+        let round: usize = runs.iter().map(|(_, run, _)| reap(run)).sum();
+        killed += round;
+        quiet = if round == 0 { quiet + 1 } else { 0 };
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    for (_, _, temporary) in runs {
+        if let Some(dir) = temporary {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    killed
+}
+
+/// From now on SIGINT and SIGTERM end this process only after the
+/// harnesses of its watched runs are killed: it exits 130 (SIGINT) or 143
+/// (SIGTERM), as a shell reports a process killed by them. The handlers
+/// are installed before this returns; a thread of its own waits for them.
+pub fn end_on_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut int, mut term) = {
+        let _in = rt.enter();
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        )
+    };
+    std::thread::Builder::new()
+        .name("gyre-signals".into())
+        .spawn(move || {
+            let (name, code) = rt.block_on(async {
+                tokio::select! {
+                    _ = int.recv() => ("SIGINT", 130),
+                    _ = term.recv() => ("SIGTERM", 143),
+                }
+            });
+            let killed = reap_watched();
+            eprintln!("gyre: stopped by {name}; killed {killed} harness processes of this run");
+            std::process::exit(code);
+        })?;
+    Ok(())
 }
 
 /// The run tag of a run whose journal (or, without one, workspaces) live

@@ -183,6 +183,9 @@ pub async fn run(spec: &ProcessSpec, cancel: &CancellationToken) -> ProcessRun {
         (Ok(o), Ok(e)) => (o, e),
         (Err(e), _) | (_, Err(e)) => return cannot(format!("cannot open the log files: {e}")),
     };
+    if super::orphans::stopping() {
+        return cannot("gyre is stopping on a signal".into());
+    }
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(&spec.argv[1..])
         .current_dir(&spec.cwd)

@@ -493,6 +493,9 @@ async fn run_head(
             let run_tag = orphans::tag_of(&cfg.checkpoint.path().map_or(dir.clone(), |_| {
                 std::path::PathBuf::from(&cfg.checkpoint.dir)
             }));
+            // Until the run has ended its harnesses itself, a SIGINT or
+            // SIGTERM ends them (see `orphans::end_on_signal`).
+            let _watch = orphans::watch(&run_tag, temporary.then_some(dir.as_path()));
             let work = match &resumed {
                 Some(r) => {
                     let killed = orphans::reap(&run_tag) as u64;

@@ -142,6 +142,9 @@ impl HarnessLauncher for CommandLauncher {
                 .stderr(err_log)
                 .process_group(0)
                 .kill_on_drop(true);
+            if crate::harness::orphans::stopping() {
+                return HarnessOutcome::Failed { complete: true };
+            }
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(error) => {

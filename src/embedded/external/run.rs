@@ -145,14 +145,12 @@ async fn run_async(
         task,
         Arc::new(Workspaces::new()),
     )?;
+    let run_tag = orphans::tag_of(&dir);
+    // Until the run has ended its harnesses itself, a SIGINT or SIGTERM
+    // ends them (see `orphans::end_on_signal`).
+    let _watch = orphans::watch(&run_tag, temporary.then_some(dir.as_path()));
     let mut gateway = prepared
-        .open(
-            cfg,
-            &opts,
-            dir.clone(),
-            orphans::tag_of(&dir),
-            &parts.shared,
-        )
+        .open(cfg, &opts, dir.clone(), run_tag, &parts.shared)
         .await?;
     started(&gateway.api_base);
     gateway.attach(node.clone(), parts.backends.harness);
