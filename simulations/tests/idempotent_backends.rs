@@ -3,7 +3,8 @@
 //! trainer computes a micro-step once and answers every copy of the
 //! request, the engine answers a repeated call attempt from its memory
 //! instead of serving it again, and device memory answers a repeated
-//! release at once.
+//! release at once. A request from before the core's restore, delayed past
+//! it, is neither done nor answered.
 
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, MicroStepId};
 use gyre_actors::sched::proto::engine::{CallEvent, EngineReq};
@@ -45,6 +46,7 @@ fn a_repeated_micro_step_is_computed_once_and_answered_each_time() {
     let trainer = sim.spawn(NodeId(1), SimTrainer::new(Costs::default().trainer, 0));
     let probe = sim.probe::<TrainerEvent>(NodeId(0));
     let req = || TrainerReq::FwdBwd {
+        epoch: 0,
         mstep: MicroStepId { step: 0, seq: 3 },
         tokens: 100,
         rows: BlobId::NONE,
@@ -112,4 +114,53 @@ fn a_repeated_release_is_answered_at_once() {
         "{again:?}"
     );
     assert_eq!(sim.actor(memory).unwrap().stats().releases, 1);
+}
+
+#[test]
+fn a_micro_step_from_before_a_restore_is_neither_computed_nor_answered() {
+    // The redone step repeats the lost one's micro-step ids: only the
+    // epoch tells a delayed copy of the lost step's request from the
+    // redo's.
+    let mut sim = Sim::new(SimConfig::new(4));
+    let trainer = sim.spawn(NodeId(1), SimTrainer::new(Costs::default().trainer, 0));
+    let probe = sim.probe::<TrainerEvent>(NodeId(0));
+    let fwd = |epoch| TrainerReq::FwdBwd {
+        epoch,
+        mstep: MicroStepId { step: 0, seq: 3 },
+        tokens: 100,
+        rows: BlobId::NONE,
+        reply_to: Recipient::of(probe),
+    };
+    sim.inject(asker(), trainer, fwd(0));
+    let before = answers(&mut sim, probe);
+    assert!(
+        matches!(before[..], [TrainerEvent::Computed { epoch: 0, .. }]),
+        "{before:?}"
+    );
+    sim.inject(
+        asker(),
+        trainer,
+        TrainerReq::Restore {
+            epoch: 1,
+            reply_to: Recipient::of(probe),
+        },
+    );
+    let restored = answers(&mut sim, probe);
+    assert!(
+        matches!(restored[..], [TrainerEvent::Restored { epoch: 1, .. }]),
+        "{restored:?}"
+    );
+    // The network's late copy of the lost step's request.
+    sim.inject(asker(), trainer, fwd(0));
+    let late = answers(&mut sim, probe);
+    assert!(late.is_empty(), "{late:?}");
+    // The redo's request, same id: computed afresh, answered in epoch 1.
+    sim.inject(asker(), trainer, fwd(1));
+    let redo = answers(&mut sim, probe);
+    assert!(
+        matches!(redo[..], [TrainerEvent::Computed { epoch: 1, .. }]),
+        "{redo:?}"
+    );
+    let st = sim.actor(trainer).unwrap().stats();
+    assert_eq!((st.micro_steps, st.stale), (2, 1));
 }

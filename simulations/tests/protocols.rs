@@ -337,7 +337,15 @@ fn a_rebuilt_core_trainer_answers_nothing_until_it_restores_the_checkpoint() {
         SimTrainer::new(costs, 0).with_disk(disk.clone()).fresh(),
     );
     let reply_to = core.into();
-    sim.inject(TESTER, t, TrainerReq::Update { step: 3, reply_to });
+    sim.inject(
+        TESTER,
+        t,
+        TrainerReq::Update {
+            epoch: 0,
+            step: 3,
+            reply_to,
+        },
+    );
     assert!(got(&mut sim, core).is_empty(), "no state: ignored");
     sim.inject(TESTER, t, TrainerReq::Restore { epoch: 1, reply_to });
     assert!(matches!(
@@ -348,12 +356,21 @@ fn a_rebuilt_core_trainer_answers_nothing_until_it_restores_the_checkpoint() {
             kept: false
         }]
     ));
-    // The update asked before the restore is done now, answered afresh.
-    sim.inject(TESTER, t, TrainerReq::Update { step: 3, reply_to });
+    // The update is asked again in the restore's epoch: done, answered.
+    sim.inject(
+        TESTER,
+        t,
+        TrainerReq::Update {
+            epoch: 1,
+            step: 3,
+            reply_to,
+        },
+    );
     sim.inject(
         TESTER,
         t,
         TrainerReq::Checkpoint {
+            epoch: 1,
             step: 3,
             version: 4,
             reply_to,
@@ -742,7 +759,10 @@ fn a_training_cell_warms_up_once_drains_once_and_returns_after_its_batch() {
         version: 4,
         bytes: 1 << 20,
     };
+    // In the core's second restore epoch: a late answer of an earlier one
+    // (the lost step's, same ids) is not the batch's.
     r.send(CellMsg::Batch {
+        epoch: 2,
         step: 4,
         snapshot: Some(snapshot),
     });
@@ -781,8 +801,15 @@ fn a_training_cell_warms_up_once_drains_once_and_returns_after_its_batch() {
         });
         let reqs = got(&mut r.sim, r.trainer);
         if seq == 0 {
-            assert!(matches!(reqs[..], [TrainerReq::Warmup { step: 4, .. }]));
-            r.send(TrainerEvent::Warm { step: 4 });
+            assert!(matches!(
+                reqs[..],
+                [TrainerReq::Warmup {
+                    epoch: 2,
+                    step: 4,
+                    ..
+                }]
+            ));
+            r.send(TrainerEvent::Warm { epoch: 2, step: 4 });
             assert!(matches!(
                 got(&mut r.sim, r.trainer)[..],
                 [TrainerReq::FwdBwd {
@@ -797,6 +824,12 @@ fn a_training_cell_warms_up_once_drains_once_and_returns_after_its_batch() {
             );
         }
         r.send(TrainerEvent::Computed {
+            epoch: 1,
+            mstep: mstep(4, seq).id,
+        });
+        assert!(got(&mut r.sim, r.queue).is_empty(), "a stale answer");
+        r.send(TrainerEvent::Computed {
+            epoch: 2,
             mstep: mstep(4, seq).id,
         });
         assert!(matches!(
@@ -810,7 +843,7 @@ fn a_training_cell_warms_up_once_drains_once_and_returns_after_its_batch() {
         got(&mut r.sim, r.trainer)[..],
         [TrainerReq::Drain { step: 4, .. }]
     ));
-    r.send(TrainerEvent::Drained { step: 4 });
+    r.send(TrainerEvent::Drained { epoch: 2, step: 4 });
     let done = got(&mut r.sim, r.core);
     assert!(matches!(
         &done[..],
@@ -846,6 +879,7 @@ fn a_training_cell_warms_up_once_drains_once_and_returns_after_its_batch() {
     assert_eq!(r.role(), CellRole::Rollout);
     let st = r.sim.actor(r.cell).unwrap().stats();
     assert_eq!((st.warmups, st.drains, st.unexpected), (1, 1, 0));
+    assert_eq!(st.stale_trainer_answers, 2);
 }
 
 #[test]
@@ -882,4 +916,158 @@ fn a_destination_reads_the_blocks_adopts_them_and_acknowledges() {
             exec: ExecId(2)
         }]
     ));
+}
+
+#[test]
+fn the_core_takes_no_answer_from_before_its_restore_for_the_redos() {
+    // The core loses its trainer while the update of step 0 is under way,
+    // restores (epoch 1) and trains step 0 again: the same step id, so
+    // only the epoch tells the lost update's answer, delayed past the
+    // restore, from the redo's.
+    use gyre_actors::sched::core::{Core, CoreConfig, CoreLinks, CorePhase};
+    let mut sim = Sim::new(SimConfig::new(5));
+    let trainer = sim.probe::<TrainerReq>(NodeId(1));
+    let transfer = sim.probe::<TransferReq>(NodeId(2));
+    let sched = sim.probe::<SchedMsg>(NodeId(3));
+    let cell0 = sim.probe::<CellMsg>(NodeId(1));
+    let packer = sim.probe::<PackerMsg>(NodeId(3));
+    let queue = sim.probe::<QueueMsg>(NodeId(3));
+    let cfg = CoreConfig {
+        cells: 1,
+        mu: 4,
+        target_steps: 4,
+        streaming: true,
+        keep_satellites: false,
+        checkpoint_every: Some(1),
+        recover: true,
+        reduce_needs_members: false,
+    };
+    let links = CoreLinks {
+        sched: as_actor(sched),
+        trainer: trainer.into(),
+        transfer: transfer.into(),
+    };
+    let core = sim.spawn(NodeId(3), Core::new(cfg, links));
+    let send = |sim: &mut Sim, msg: CoreMsg| sim.inject(TESTER, core, msg);
+    let answer = |sim: &mut Sim, e: TrainerEvent| sim.inject(TESTER, core, CoreMsg::Trainer(e));
+    sim.run().unwrap();
+    assert!(matches!(
+        got(&mut sim, trainer)[..],
+        [TrainerReq::BuildGroups { epoch: 0, .. }]
+    ));
+    answer(
+        &mut sim,
+        TrainerEvent::GroupsBuilt {
+            epoch: 0,
+            groups: 0,
+        },
+    );
+    // Collect step 0 and reduce it; its update is asked.
+    let collect = |sim: &mut Sim, epoch: u64| {
+        assert!(matches!(
+            got(sim, cell0)[..],
+            [CellMsg::Batch { step: 0, epoch: e, .. }] if e == epoch
+        ));
+        sim.inject(
+            TESTER,
+            core,
+            CoreMsg::Transfer(TransferEvent::Exposed {
+                segment: Segment {
+                    id: 1,
+                    version: 0,
+                    bytes: 1,
+                },
+            }),
+        );
+        sim.inject(
+            TESTER,
+            core,
+            CoreMsg::BatchDone {
+                step: 0,
+                cell: 0,
+                consumed: vec![MicroStepId { step: 0, seq: 0 }],
+            },
+        );
+        sim.run().unwrap();
+        let reqs = got(sim, trainer);
+        assert!(
+            matches!(reqs[..], [TrainerReq::Reduce { step: 0, epoch: e, .. }] if e == epoch),
+            "{reqs:?}"
+        );
+        sim.inject(
+            TESTER,
+            core,
+            CoreMsg::Trainer(TrainerEvent::Reduced {
+                epoch,
+                step: 0,
+                grad_norm: 1.0,
+            }),
+        );
+        sim.run().unwrap();
+        let reqs = got(sim, trainer);
+        assert!(
+            matches!(reqs[..], [TrainerReq::Update { step: 0, epoch: e, .. }] if e == epoch),
+            "{reqs:?}"
+        );
+    };
+    send(
+        &mut sim,
+        CoreMsg::Activate {
+            step: 0,
+            burst: 0,
+            members: vec![(0, cell0.into())],
+        },
+    );
+    send(
+        &mut sim,
+        CoreMsg::BatchSealed {
+            step: 0,
+            groups: vec![],
+            micro_steps: vec![MicroStepId { step: 0, seq: 0 }],
+            packer: packer.into(),
+        },
+    );
+    sim.run().unwrap();
+    collect(&mut sim, 0);
+    // The trainer's node is lost before it answers the update.
+    send(
+        &mut sim,
+        CoreMsg::MemberLost {
+            cell: 0,
+            queue: queue.into(),
+        },
+    );
+    sim.run().unwrap();
+    assert!(matches!(
+        got(&mut sim, cell0)[..],
+        [CellMsg::Abort { step: 0 }]
+    ));
+    send(&mut sim, CoreMsg::Aborted { step: 0 });
+    sim.run().unwrap();
+    assert!(matches!(
+        got(&mut sim, trainer)[..],
+        [TrainerReq::Restore { epoch: 1, .. }]
+    ));
+    answer(
+        &mut sim,
+        TrainerEvent::Restored {
+            epoch: 1,
+            version: 0,
+            kept: true,
+        },
+    );
+    sim.run().unwrap();
+    collect(&mut sim, 1);
+    // The lost update's answer arrives late: not the redo's.
+    answer(&mut sim, TrainerEvent::Updated { epoch: 0, step: 0 });
+    sim.run().unwrap();
+    let c = sim.actor(core).unwrap();
+    assert_eq!((c.version(), c.phase()), (0, CorePhase::Updating));
+    assert_eq!(c.log().stale_answers, 1);
+    // The redo's answer counts.
+    answer(&mut sim, TrainerEvent::Updated { epoch: 1, step: 0 });
+    sim.run().unwrap();
+    let c = sim.actor(core).unwrap();
+    assert_eq!(c.version(), 1);
+    assert!(c.log().violations.is_empty(), "{:?}", c.log().violations);
 }

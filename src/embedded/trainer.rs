@@ -131,6 +131,8 @@ pub struct TrainerStats {
     /// and never warms up, so it contributes zero.
     pub idle_members: u64,
     pub errors: u64,
+    /// Requests of an older restore epoch than the newest seen, dropped.
+    pub stale: u64,
     /// Durable checkpoints written, and their bytes.
     pub checkpoints: u64,
     pub checkpoint_bytes: u64,
@@ -173,6 +175,10 @@ pub struct TrainerWorker {
     /// Nothing has run here yet: this process is new, so a restore loads
     /// the core's last durable checkpoint instead of keeping the state.
     fresh: bool,
+    /// The newest restore epoch of the core seen in a request: one of an
+    /// older epoch belongs to a state rolled back (its gradients must not
+    /// reach the redone step) and is dropped, even if already queued.
+    epoch: u64,
 }
 
 impl std::fmt::Debug for TrainerWorker {
@@ -206,6 +212,7 @@ impl TrainerWorker {
             began: 0,
             arrived: 0,
             fresh: true,
+            epoch: 0,
         }
     }
 
@@ -237,6 +244,11 @@ impl TrainerWorker {
         let Some(req) = self.jobs.take_next() else {
             return;
         };
+        if req.epoch() < self.epoch {
+            self.stats.stale += 1;
+            return self.next(cx);
+        }
+        let epoch = req.epoch();
         let done = TrainerWorkerMsg::Done;
         match &req {
             TrainerReq::Warmup { step, .. } => {
@@ -261,13 +273,15 @@ impl TrainerWorker {
             }
             // Nothing to compute: in one process every prefix group is the
             // gradient board, and satellites pull at their next warm-up.
-            TrainerReq::BuildGroups { prefixes, reply_to } => {
+            TrainerReq::BuildGroups {
+                prefixes, reply_to, ..
+            } => {
                 let groups = prefixes.len() as u32;
-                cx.send(*reply_to, TrainerEvent::GroupsBuilt { groups });
+                cx.send(*reply_to, TrainerEvent::GroupsBuilt { epoch, groups });
                 return self.next(cx);
             }
             TrainerReq::Broadcast { step, reply_to, .. } if !self.shared.weights.broadcasts() => {
-                cx.send(*reply_to, TrainerEvent::Broadcasted { step: *step });
+                cx.send(*reply_to, TrainerEvent::Broadcasted { epoch, step: *step });
                 return self.next(cx);
             }
             TrainerReq::Broadcast { members, .. } => {
@@ -492,23 +506,24 @@ impl TrainerWorker {
         if ok.is_some() || !matches!(req, TrainerReq::Restore { .. }) {
             self.fresh = false;
         }
+        let epoch = req.epoch();
         match req {
-            TrainerReq::Warmup { step, reply_to } => {
+            TrainerReq::Warmup { step, reply_to, .. } => {
                 self.stats.warmups += 1;
                 if let Some(Finished::Warm { loaded: Some(_) }) = ok {
                     self.stats.syncs += 1;
                 }
-                cx.send(reply_to, TrainerEvent::Warm { step });
+                cx.send(reply_to, TrainerEvent::Warm { epoch, step });
             }
             TrainerReq::FwdBwd {
                 mstep, reply_to, ..
             } => {
                 self.computed(mstep, ok);
-                cx.send(reply_to, TrainerEvent::Computed { mstep });
+                cx.send(reply_to, TrainerEvent::Computed { epoch, mstep });
             }
-            TrainerReq::Drain { step, reply_to } => {
+            TrainerReq::Drain { step, reply_to, .. } => {
                 self.stats.drains += 1;
-                cx.send(reply_to, TrainerEvent::Drained { step });
+                cx.send(reply_to, TrainerEvent::Drained { epoch, step });
             }
             TrainerReq::Reduce { step, reply_to, .. } => {
                 // A failed reduction is not answered: across processes it
@@ -520,10 +535,17 @@ impl TrainerWorker {
                         tracing::debug!(step, ?missing, "members that computed nothing");
                     }
                     self.stats.idle_members += missing.len() as u64;
-                    cx.send(reply_to, TrainerEvent::Reduced { step, grad_norm });
+                    cx.send(
+                        reply_to,
+                        TrainerEvent::Reduced {
+                            epoch,
+                            step,
+                            grad_norm,
+                        },
+                    );
                 }
             }
-            TrainerReq::Update { step, reply_to } => {
+            TrainerReq::Update { step, reply_to, .. } => {
                 if let Some(Finished::Updated(u)) = ok {
                     tracing::info!(
                         step,
@@ -538,15 +560,16 @@ impl TrainerWorker {
                         cx.send(observer, u);
                     }
                 }
-                cx.send(reply_to, TrainerEvent::Updated { step });
+                cx.send(reply_to, TrainerEvent::Updated { epoch, step });
             }
             TrainerReq::Broadcast { step, reply_to, .. } => {
-                cx.send(reply_to, TrainerEvent::Broadcasted { step });
+                cx.send(reply_to, TrainerEvent::Broadcasted { epoch, step });
             }
             TrainerReq::Checkpoint {
                 step,
                 version,
                 reply_to,
+                ..
             } => {
                 let durable = match ok {
                     Some(Finished::Checkpointed { bytes }) => {
@@ -557,9 +580,16 @@ impl TrainerWorker {
                     }
                     _ => false,
                 };
-                cx.send(reply_to, TrainerEvent::Checkpointed { version, durable });
+                cx.send(
+                    reply_to,
+                    TrainerEvent::Checkpointed {
+                        epoch,
+                        version,
+                        durable,
+                    },
+                );
             }
-            TrainerReq::Restore { epoch, reply_to } => {
+            TrainerReq::Restore { reply_to, .. } => {
                 if let Some(Finished::Restored { version, kept }) = ok {
                     tracing::info!(
                         cell = self.cell,
@@ -704,7 +734,11 @@ impl Actor for TrainerWorker {
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
-            TrainerWorkerMsg::Req(r) => self.jobs.push(r, cx.now()),
+            TrainerWorkerMsg::Req(r) if r.epoch() < self.epoch => self.stats.stale += 1,
+            TrainerWorkerMsg::Req(r) => {
+                self.epoch = r.epoch();
+                self.jobs.push(r, cx.now());
+            }
             TrainerWorkerMsg::Done(result) => match self.jobs.finish() {
                 Some(req) => self.finish(req, result, cx),
                 None => {
@@ -920,38 +954,45 @@ mod tests {
         let mstep = |seq| MicroStepId { step: 0, seq };
         let reqs = [
             TrainerReq::Warmup {
+                epoch: 0,
                 step: 0,
                 reply_to: cell,
             },
             TrainerReq::FwdBwd {
+                epoch: 0,
                 mstep: mstep(0),
                 tokens: 8,
                 rows: garbage,
                 reply_to: cell,
             },
             TrainerReq::FwdBwd {
+                epoch: 0,
                 mstep: mstep(1),
                 tokens: 8,
                 rows: BlobId(999),
                 reply_to: cell,
             },
             TrainerReq::FwdBwd {
+                epoch: 0,
                 mstep: mstep(2),
                 tokens: 8,
                 rows: good,
                 reply_to: cell,
             },
             TrainerReq::Drain {
+                epoch: 0,
                 step: 0,
                 reply_to: cell,
             },
             TrainerReq::Reduce {
+                epoch: 0,
                 step: 0,
                 members: 1,
                 group: None,
                 reply_to: core,
             },
             TrainerReq::Update {
+                epoch: 0,
                 step: 0,
                 reply_to: core,
             },
@@ -968,7 +1009,7 @@ mod tests {
         let computed: Vec<_> = to_cell
             .iter()
             .filter_map(|m| match m {
-                CellMsg::Trainer(TrainerEvent::Computed { mstep }) => Some(mstep.seq),
+                CellMsg::Trainer(TrainerEvent::Computed { mstep, .. }) => Some(mstep.seq),
                 _ => None,
             })
             .collect();
@@ -979,7 +1020,7 @@ mod tests {
         );
         assert!(matches!(
             to_cell.last(),
-            Some(CellMsg::Trainer(TrainerEvent::Drained { step: 0 }))
+            Some(CellMsg::Trainer(TrainerEvent::Drained { step: 0, .. }))
         ));
         let to_core: Vec<_> = sim
             .take_probe(core_probe)
@@ -990,8 +1031,10 @@ mod tests {
             matches!(
                 &to_core[..],
                 [
-                    CoreMsg::Trainer(TrainerEvent::Reduced { step: 0, grad_norm }),
-                    CoreMsg::Trainer(TrainerEvent::Updated { step: 0 }),
+                    CoreMsg::Trainer(TrainerEvent::Reduced {
+                        step: 0, grad_norm, ..
+                    }),
+                    CoreMsg::Trainer(TrainerEvent::Updated { step: 0, .. }),
                 ] if *grad_norm > 0.0
             ),
             "{to_core:?}"
@@ -1014,5 +1057,43 @@ mod tests {
             2,
             "the trainer releases no rows (the packer does, once the step is trained)"
         );
+        // After a request of the core's next restore epoch, one of the
+        // epoch before (a late copy) is dropped: its gradient would land in
+        // the redone step.
+        sim.inject(
+            cell_probe.id(),
+            tw,
+            TrainerReq::Warmup {
+                epoch: 1,
+                step: 1,
+                reply_to: cell,
+            },
+        );
+        sim.inject(
+            cell_probe.id(),
+            tw,
+            TrainerReq::FwdBwd {
+                epoch: 0,
+                mstep: MicroStepId { step: 1, seq: 0 },
+                tokens: 8,
+                rows: good,
+                reply_to: cell,
+            },
+        );
+        sim.run().unwrap();
+        let late: Vec<_> = sim
+            .take_probe(cell_probe)
+            .into_iter()
+            .map(|r| CellMsg::from(r.msg))
+            .collect();
+        assert!(
+            matches!(
+                late[..],
+                [CellMsg::Trainer(TrainerEvent::Warm { epoch: 1, step: 1 })]
+            ),
+            "{late:?}"
+        );
+        let st = sim.actor(tw).unwrap().stats();
+        assert_eq!((st.micro_steps, st.stale), (1, 1));
     }
 }

@@ -123,6 +123,8 @@ pub struct CoreLog {
     /// Reductions begun again after a member was lost while reducing
     /// (`CoreConfig::reduce_needs_members`).
     pub redone_reductions: u64,
+    /// Trainer answers of an earlier restore epoch, ignored.
+    pub stale_answers: u64,
 }
 
 #[derive(Debug)]
@@ -237,6 +239,7 @@ impl Core {
             cx.send(
                 *addr,
                 CellMsg::Batch {
+                    epoch: self.epoch(),
                     step,
                     snapshot: None,
                 },
@@ -276,6 +279,7 @@ impl Core {
             cx.send(
                 addr,
                 CellMsg::Batch {
+                    epoch: self.epoch(),
                     step: self.step,
                     snapshot: Some(segment),
                 },
@@ -308,6 +312,7 @@ impl Core {
                     cx.send(
                         *addr,
                         CellMsg::Batch {
+                            epoch: self.epoch(),
                             step,
                             snapshot: None,
                         },
@@ -334,6 +339,7 @@ impl Core {
             Resend::Trainer(
                 self.links.trainer,
                 TrainerReq::Reduce {
+                    epoch: self.epoch(),
                     step: self.step,
                     members,
                     group: comm_group_for(members),
@@ -386,6 +392,7 @@ impl Core {
                 Resend::Trainer(
                     self.links.trainer,
                     TrainerReq::Checkpoint {
+                        epoch: self.epoch(),
                         step,
                         version: self.version,
                         reply_to,
@@ -418,6 +425,7 @@ impl Core {
                 Resend::Trainer(
                     self.links.trainer,
                     TrainerReq::Broadcast {
+                        epoch: self.epoch(),
                         step,
                         members,
                         group: comm_group_for(members),
@@ -436,13 +444,24 @@ impl Core {
         self.groups_built = false;
         let prefixes: Vec<u32> = (2..=self.cfg.cells).collect();
         let reply_to = cx.recipient();
+        let epoch = self.epoch();
         self.outbox.send(
             cx,
             Resend::Trainer(
                 self.links.trainer,
-                TrainerReq::BuildGroups { prefixes, reply_to },
+                TrainerReq::BuildGroups {
+                    epoch,
+                    prefixes,
+                    reply_to,
+                },
             ),
         );
+    }
+
+    /// The epoch of the core's restores its trainer requests are made in
+    /// (0 before the first restore; see `crate::sched::proto::trainer`).
+    fn epoch(&self) -> u64 {
+        self.log.restores.len() as u64
     }
 
     /// `step` ends its burst: a publication follows its update.
@@ -561,6 +580,11 @@ impl Actor for Core {
 impl Core {
     fn on_msg_now(&mut self, _from: ActorId, msg: CoreMsg, cx: &mut Cx<'_, Self>) {
         match msg {
+            // An answer from before a restore belongs to the state rolled
+            // back (see `crate::sched::proto::trainer`).
+            CoreMsg::Trainer(e) if e.epoch() != self.epoch() => {
+                self.log.stale_answers += 1;
+            }
             // A backend's answer counts once (see `crate::sched::retry`).
             CoreMsg::Trainer(e) if !self.outbox.ack(&e) => {}
             CoreMsg::Transfer(e) if !self.outbox.ack(&e) => {}
@@ -689,23 +713,33 @@ impl Core {
                 if self.phase == CorePhase::Reducing && step == self.step {
                     self.phase = CorePhase::Updating;
                     let reply_to = cx.recipient();
+                    let epoch = self.epoch();
                     self.outbox.send(
                         cx,
-                        Resend::Trainer(self.links.trainer, TrainerReq::Update { step, reply_to }),
+                        Resend::Trainer(
+                            self.links.trainer,
+                            TrainerReq::Update {
+                                epoch,
+                                step,
+                                reply_to,
+                            },
+                        ),
                     );
                 }
             }
-            CoreMsg::Trainer(TrainerEvent::Updated { step }) => {
+            CoreMsg::Trainer(TrainerEvent::Updated { step, .. }) => {
                 if self.phase == CorePhase::Updating && step == self.step {
                     self.updated(cx);
                 }
             }
-            CoreMsg::Trainer(TrainerEvent::Broadcasted { step }) => {
+            CoreMsg::Trainer(TrainerEvent::Broadcasted { step, .. }) => {
                 if self.phase == CorePhase::Broadcasting && step == self.step {
                     self.after_update(cx);
                 }
             }
-            CoreMsg::Trainer(TrainerEvent::Checkpointed { version, durable }) => {
+            CoreMsg::Trainer(TrainerEvent::Checkpointed {
+                version, durable, ..
+            }) => {
                 if self.phase == CorePhase::Checkpointing && version == self.version {
                     let step = self.step;
                     if durable {

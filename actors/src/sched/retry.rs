@@ -212,13 +212,13 @@ impl Answer for MemoryEvent {
 impl Answer for TrainerEvent {
     fn answers(&self) -> ReqKey {
         match self {
-            TrainerEvent::Warm { step } => ReqKey::Warmup(*step),
-            TrainerEvent::Computed { mstep } => ReqKey::FwdBwd(*mstep),
-            TrainerEvent::Drained { step } => ReqKey::Drain(*step),
+            TrainerEvent::Warm { step, .. } => ReqKey::Warmup(*step),
+            TrainerEvent::Computed { mstep, .. } => ReqKey::FwdBwd(*mstep),
+            TrainerEvent::Drained { step, .. } => ReqKey::Drain(*step),
             TrainerEvent::GroupsBuilt { .. } => ReqKey::BuildGroups,
             TrainerEvent::Reduced { step, .. } => ReqKey::Reduce(*step),
-            TrainerEvent::Updated { step } => ReqKey::Update(*step),
-            TrainerEvent::Broadcasted { step } => ReqKey::Broadcast(*step),
+            TrainerEvent::Updated { step, .. } => ReqKey::Update(*step),
+            TrainerEvent::Broadcasted { step, .. } => ReqKey::Broadcast(*step),
             TrainerEvent::Checkpointed { version, .. } => ReqKey::Checkpoint(*version),
             TrainerEvent::Restored { epoch, .. } => ReqKey::RestoreCore(*epoch),
         }

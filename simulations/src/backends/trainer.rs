@@ -48,6 +48,8 @@ pub struct TrainerStats {
     /// Restores answered, and requests ignored for want of a state.
     pub restores: u64,
     pub ignored: u64,
+    /// Requests of an older restore epoch than the newest seen, ignored.
+    pub stale: u64,
     /// Time spent on operations.
     pub busy: Nanos,
 }
@@ -79,6 +81,9 @@ pub struct SimTrainer {
     /// When each optimizer update finished, by step.
     updated_at: Vec<(Step, Nanos)>,
     answered: Answered<TrainerEvent>,
+    /// The newest restore epoch of the core seen in a request: requests of
+    /// an older one belong to a state rolled back and are ignored.
+    epoch: u64,
     /// The mutation check: repeated requests are done again.
     repeat_work: bool,
     /// Where the core's trainer writes its checkpoints.
@@ -108,6 +113,7 @@ impl SimTrainer {
             stats: TrainerStats::default(),
             updated_at: Vec::new(),
             answered: Answered::default(),
+            epoch: 0,
             repeat_work: false,
             disk: None,
             state: Some(0),
@@ -245,17 +251,7 @@ impl SimTrainer {
 
 /// Who asked for `req`.
 fn reply_to(req: &TrainerReq) -> gyre_runtime::ActorId {
-    match req {
-        TrainerReq::Warmup { reply_to, .. }
-        | TrainerReq::FwdBwd { reply_to, .. }
-        | TrainerReq::Drain { reply_to, .. }
-        | TrainerReq::BuildGroups { reply_to, .. }
-        | TrainerReq::Reduce { reply_to, .. }
-        | TrainerReq::Update { reply_to, .. }
-        | TrainerReq::Broadcast { reply_to, .. }
-        | TrainerReq::Checkpoint { reply_to, .. }
-        | TrainerReq::Restore { reply_to, .. } => reply_to.id(),
-    }
+    req.reply_to().id()
 }
 
 impl SimTrainer {
@@ -277,6 +273,16 @@ impl Actor for SimTrainer {
 
     fn on_msg(&mut self, _from: ActorId, msg: TrainerReq, cx: &mut Cx<'_, Self>) {
         let key = (ReqKey::of_trainer(&msg), reply_to(&msg));
+        let epoch = msg.epoch();
+        if epoch < self.epoch {
+            self.stats.stale += 1;
+            return;
+        }
+        if epoch > self.epoch {
+            // Answers of the earlier epoch answer nothing asked now.
+            self.epoch = epoch;
+            self.answered = Answered::default();
+        }
         if self.state.is_none() && !matches!(msg, TrainerReq::Restore { .. }) {
             self.stats.ignored += 1;
             return;
@@ -288,7 +294,7 @@ impl Actor for SimTrainer {
         if self
             .queue
             .iter()
-            .any(|q| (ReqKey::of_trainer(q), reply_to(q)) == key)
+            .any(|q| (ReqKey::of_trainer(q), reply_to(q)) == key && q.epoch() == epoch)
         {
             return; // queued or running: its answer will come
         }
@@ -307,10 +313,17 @@ impl Actor for SimTrainer {
             return;
         };
         let key = ReqKey::of_trainer(&req);
+        let epoch = req.epoch();
+        if epoch < self.epoch {
+            // Queued before a request of a newer epoch: not done, not
+            // answered.
+            self.stats.stale += 1;
+            return self.next(cx);
+        }
         match req {
-            TrainerReq::Warmup { step, reply_to } => {
+            TrainerReq::Warmup { step, reply_to, .. } => {
                 self.stats.warmups += 1;
-                self.reply(key, reply_to, TrainerEvent::Warm { step }, cx);
+                self.reply(key, reply_to, TrainerEvent::Warm { epoch, step }, cx);
             }
             TrainerReq::FwdBwd {
                 mstep,
@@ -320,17 +333,20 @@ impl Actor for SimTrainer {
             } => {
                 self.stats.micro_steps += 1;
                 self.stats.tokens += tokens;
-                self.reply(key, reply_to, TrainerEvent::Computed { mstep }, cx);
+                self.reply(key, reply_to, TrainerEvent::Computed { epoch, mstep }, cx);
             }
-            TrainerReq::Drain { step, reply_to } => {
+            TrainerReq::Drain { step, reply_to, .. } => {
                 self.stats.drains += 1;
-                self.reply(key, reply_to, TrainerEvent::Drained { step }, cx);
+                self.reply(key, reply_to, TrainerEvent::Drained { epoch, step }, cx);
             }
-            TrainerReq::BuildGroups { prefixes, reply_to } => {
+            TrainerReq::BuildGroups {
+                prefixes, reply_to, ..
+            } => {
                 self.reply(
                     key,
                     reply_to,
                     TrainerEvent::GroupsBuilt {
+                        epoch,
                         groups: prefixes.len() as u32,
                     },
                     cx,
@@ -341,20 +357,21 @@ impl Actor for SimTrainer {
                     key,
                     reply_to,
                     TrainerEvent::Reduced {
+                        epoch,
                         step,
                         grad_norm: 1.0,
                     },
                     cx,
                 );
             }
-            TrainerReq::Update { step, reply_to } => {
+            TrainerReq::Update { step, reply_to, .. } => {
                 self.stats.updates += 1;
                 self.state = self.state.map(|v| v + 1);
                 self.updated_at.push((step, now));
-                self.reply(key, reply_to, TrainerEvent::Updated { step }, cx);
+                self.reply(key, reply_to, TrainerEvent::Updated { epoch, step }, cx);
             }
             TrainerReq::Broadcast { step, reply_to, .. } => {
-                self.reply(key, reply_to, TrainerEvent::Broadcasted { step }, cx);
+                self.reply(key, reply_to, TrainerEvent::Broadcasted { epoch, step }, cx);
             }
             TrainerReq::Checkpoint {
                 version, reply_to, ..
@@ -367,13 +384,14 @@ impl Actor for SimTrainer {
                     key,
                     reply_to,
                     TrainerEvent::Checkpointed {
+                        epoch,
                         version,
                         durable: true,
                     },
                     cx,
                 );
             }
-            TrainerReq::Restore { epoch, reply_to } => {
+            TrainerReq::Restore { reply_to, .. } => {
                 self.stats.restores += 1;
                 let kept = self.state.is_some();
                 let version = match self.state {

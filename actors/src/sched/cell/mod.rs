@@ -122,6 +122,8 @@ pub struct CellStats {
     /// arrived afterwards and were ignored.
     pub losses: u64,
     pub stale_after_loss: u64,
+    /// Trainer answers of another restore epoch than the batch's, ignored.
+    pub stale_trainer_answers: u64,
 }
 
 #[derive(Debug)]
@@ -145,6 +147,9 @@ pub struct Cell {
     /// The batch the core aborted (its trainer's node was lost): grants and
     /// stream ends of it still in flight are ignored until the next batch.
     aborted: Option<Step>,
+    /// The core's restore epoch of the latest batch: this cell's trainer
+    /// requests carry it, and trainer answers of another are stale.
+    trainer_epoch: u64,
     /// The switch id of the latest rejoin: hand-over steps of an earlier
     /// switch belong to an abandoned phase.
     rejoined_as: Option<SwitchId>,
@@ -178,6 +183,7 @@ impl Cell {
             rejoining: false,
             abandoned: None,
             aborted: None,
+            trainer_epoch: 0,
             rejoined_as: None,
             resync: lost::Resync::default(),
             stats: CellStats::default(),
@@ -304,10 +310,21 @@ impl Actor for Cell {
                     self.set_weights(version, cx);
                 }
             }
-            CellMsg::Batch { step, snapshot } if self.resync.busy() => {
-                self.resync.stash(step, snapshot);
+            CellMsg::Batch {
+                epoch,
+                step,
+                snapshot,
+            } => {
+                self.trainer_epoch = self.trainer_epoch.max(epoch);
+                if self.resync.busy() {
+                    self.resync.stash(step, snapshot);
+                } else {
+                    self.on_batch(step, snapshot, cx);
+                }
             }
-            CellMsg::Batch { step, snapshot } => self.on_batch(step, snapshot, cx),
+            CellMsg::Trainer(e) if e.epoch() != self.trainer_epoch => {
+                self.stats.stale_trainer_answers += 1;
+            }
             CellMsg::Grant { mstep } if self.abandoned >= Some(mstep.id.step) => {
                 self.stats.stale_after_loss += 1;
             }

@@ -113,6 +113,7 @@ impl Cell {
         let reply_to = cx.recipient();
         self.trainer(
             TrainerReq::FwdBwd {
+                epoch: self.trainer_epoch,
                 mstep: m.id,
                 tokens: m.tokens,
                 rows: m.rows,
@@ -136,7 +137,15 @@ impl Cell {
             let step = t.step;
             self.stats.warmups += 1;
             let reply_to = cx.recipient();
-            self.trainer(TrainerReq::Warmup { step, reply_to }, cx);
+            let epoch = self.trainer_epoch;
+            self.trainer(
+                TrainerReq::Warmup {
+                    epoch,
+                    step,
+                    reply_to,
+                },
+                cx,
+            );
         }
     }
 
@@ -150,7 +159,15 @@ impl Cell {
         if t.warm {
             t.draining = true;
             let reply_to = cx.recipient();
-            self.trainer(TrainerReq::Drain { step, reply_to }, cx);
+            let epoch = self.trainer_epoch;
+            self.trainer(
+                TrainerReq::Drain {
+                    epoch,
+                    step,
+                    reply_to,
+                },
+                cx,
+            );
         } else {
             self.finish_batch(cx);
         }
@@ -161,19 +178,19 @@ impl Cell {
             return self.unexpected("trainer event");
         };
         match event {
-            TrainerEvent::Warm { step } if step == t.step && !t.warm => {
+            TrainerEvent::Warm { step, .. } if step == t.step && !t.warm => {
                 t.warm = true;
                 if let Some(m) = t.stash.take() {
                     self.compute(m, cx);
                 }
             }
-            TrainerEvent::Computed { mstep } if mstep.step == t.step => {
+            TrainerEvent::Computed { mstep, .. } if mstep.step == t.step => {
                 t.consumed.push(mstep);
                 self.stats.micro_steps += 1;
                 let step = t.step;
                 self.claim(step, cx);
             }
-            TrainerEvent::Drained { step } if step == t.step && t.draining => {
+            TrainerEvent::Drained { step, .. } if step == t.step && t.draining => {
                 self.stats.drains += 1;
                 self.stats.batches += 1;
                 self.finish_batch(cx);

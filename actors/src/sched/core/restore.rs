@@ -237,6 +237,7 @@ impl Core {
                 self.phase = CorePhase::Checkpointing;
                 let reply_to = cx.recipient();
                 let req = TrainerReq::Checkpoint {
+                    epoch: self.epoch(),
                     step: self.step,
                     version: v,
                     reply_to,

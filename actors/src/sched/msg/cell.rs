@@ -51,8 +51,11 @@ pub enum CellMsg {
         switch: SwitchId,
         exec: ExecId,
     },
-    /// From the core: train `step` (reading `snapshot` first if given).
+    /// From the core: train `step` (reading `snapshot` first if given),
+    /// in the core's restore `epoch`, which the batch's trainer requests
+    /// carry.
     Batch {
+        epoch: u64,
         step: Step,
         snapshot: Option<Segment>,
     },
