@@ -165,6 +165,40 @@ fn bench(path: &Path, reps: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Only the training step, `reps` times (for a profiler: `perf record`
+/// on `torch_anchor train DIR/gyre.safetensors 50`); prints its median.
+fn train_only(path: &Path, reps: usize) -> Result<(), String> {
+    let (model, params) = load(path)?;
+    let optim = OptimConfig {
+        lr: 1e-4,
+        weight_decay: 0.01,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::core(&model, &params, optim).map_err(|e| e.to_string())?;
+    let rows = train_rows();
+    let step = MicroStep::whole(&rows);
+    let loss = Loss::Policy(Default::default());
+    let mut train = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        trainer
+            .accumulate(&rows, &step, &loss, None)
+            .map_err(|e| e.to_string())?;
+        let grads = trainer.export_grads().map_err(|e| e.to_string())?;
+        trainer.apply(&grads).map_err(|e| e.to_string())?;
+        train.push(t.elapsed().as_secs_f64());
+    }
+    let out = serde_json::json!({
+        "impl": "gyre",
+        "threads": candle_core::utils::get_num_threads(),
+        "reps": reps,
+        "train_s": median(train),
+        "train_tokens": ROWS * ROW_LEN,
+    });
+    println!("{out}");
+    Ok(())
+}
+
 fn main() {
     gyre_gpu::cpu::settle();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -175,8 +209,12 @@ fn main() {
             Ok(n) if n > 0 => bench(Path::new(dir), n),
             _ => Err(format!("REPS must be a positive integer, got {reps:?}")),
         },
+        ["train", dir, reps] => match reps.parse() {
+            Ok(n) if n > 0 => train_only(Path::new(dir), n),
+            _ => Err(format!("REPS must be a positive integer, got {reps:?}")),
+        },
         _ => Err(
-            "usage: torch_anchor write DIR | bench DIR/qwen3|DIR/gyre.safetensors [REPS]".into(),
+            "usage: torch_anchor write DIR | bench DIR/qwen3|DIR/gyre.safetensors [REPS] | train DIR/qwen3|DIR/gyre.safetensors REPS".into(),
         ),
     };
     if let Err(e) = result {

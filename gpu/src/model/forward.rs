@@ -19,9 +19,7 @@ use crate::error::ModelError;
 
 /// x · rsqrt(mean(x²) + ε) · g over the last dimension.
 pub fn rms_norm_eps(x: &Tensor, g: &Tensor, eps: f64) -> Result<Tensor, ModelError> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    let inv = (ms + eps)?.sqrt()?.recip()?;
-    Ok(x.broadcast_mul(&inv)?.broadcast_mul(g)?)
+    super::fused::rms_norm(x, g, eps)
 }
 
 /// log softmax over the last dimension; the max shift is a constant.
@@ -30,13 +28,6 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor, ModelError> {
     let diff = x.broadcast_sub(&max)?;
     let lse = diff.exp()?.sum_keepdim(D::Minus1)?.log()?;
     Ok(diff.broadcast_sub(&lse)?)
-}
-
-fn softmax(x: &Tensor) -> Result<Tensor, ModelError> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    let s = e.sum_keepdim(D::Minus1)?;
-    Ok(e.broadcast_div(&s)?)
 }
 
 /// Scaled dot-product attention: `q` [.., H, n, hd], `k`/`v` [.., H, m, hd],
@@ -49,8 +40,13 @@ pub fn attend(
     hd: usize,
 ) -> Result<Tensor, ModelError> {
     let kt = k.transpose(D::Minus2, D::Minus1)?.contiguous()?;
-    let scores = (q.matmul(&kt)? * (1.0 / (hd as f64).sqrt()))?;
-    let p = softmax(&scores.broadcast_add(mask)?)?;
+    // The scale on q (n × hd values) rather than on the scores (n × m),
+    // and a fused softmax whose backward is one pass too: composed of
+    // per-op kernels, the scores' temporaries were a large share of a
+    // training step.
+    let q = (q * (1.0 / (hd as f64).sqrt()))?;
+    let scores = q.matmul(&kt)?.broadcast_add(mask)?;
+    let p = super::fused::softmax_last(&scores)?;
     Ok(p.matmul(v)?)
 }
 

@@ -72,9 +72,8 @@ impl GyreWeights {
 
 fn mlp(l: &GyreLayer, x: &Tensor) -> Result<Tensor, ModelError> {
     let h = rms_norm(x, &l.mlp_norm)?;
-    Ok(h.broadcast_matmul(&l.w1)?
-        .gelu_erf()?
-        .broadcast_matmul(&l.w2)?)
+    let a = super::fused::gelu_erf(&h.broadcast_matmul(&l.w1)?)?;
+    Ok(a.broadcast_matmul(&l.w2)?)
 }
 
 impl Model for GyreWeights {

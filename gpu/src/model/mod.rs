@@ -7,6 +7,7 @@
 //! - [`params`]: the flat, versioned buffer every exchange copies;
 //! - [`weights`]: that buffer as tensors (plain or `Var`s), by architecture;
 //! - [`forward`]: shared arithmetic and the two entry points;
+//! - [`fused`]: one-pass CPU kernels with their backward passes;
 //! - [`gyre`], [`decoder`], [`rope`]: the architectures;
 //! - [`safetensors_io`]: Gyre's single-file checkpoints;
 //! - [`hf`]: Hugging Face checkpoint directories (config.json, shards,
@@ -16,6 +17,7 @@
 pub mod config;
 pub mod decoder;
 pub mod forward;
+pub mod fused;
 pub mod gyre;
 pub mod hf;
 pub mod params;

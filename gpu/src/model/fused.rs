@@ -1,0 +1,464 @@
+//! Fused CPU kernels with their backward passes, for the training step.
+//!
+//! Composed of candle's per-op kernels, a softmax is five passes over its
+//! input with four temporaries, and its backward as many again; on the
+//! small models Gyre trains on CPU those passes, their allocations and
+//! their memsets cost more than the matrix products around them. Each op
+//! here is one pass forward and one backward, and is exact: the same
+//! arithmetic as the composed version, in the same order per row.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+
+use crate::error::ModelError;
+
+/// softmax over the last dimension, with a one-pass backward. A row that
+/// is all −∞ (no key visible) gives zeros rather than NaN.
+pub fn softmax_last(x: &Tensor) -> Result<Tensor, ModelError> {
+    Ok(x.contiguous()?.apply_op1(SoftmaxLast)?)
+}
+
+fn f32_rows<'a>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    op: &str,
+) -> candle_core::Result<(&'a [f32], usize)> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{op}: only f32 is supported");
+    };
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{op}: the input must be contiguous");
+    };
+    let dim = l.dims().last().copied().unwrap_or(1).max(1);
+    Ok((&v[a..b], dim))
+}
+
+struct SoftmaxLast;
+
+impl CustomOp1 for SoftmaxLast {
+    fn name(&self) -> &'static str {
+        "gyre-softmax-last"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, dim) = f32_rows(s, l, self.name())?;
+        let mut y = vec![0f32; x.len()];
+        for (x, y) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if max == f32::NEG_INFINITY {
+                continue;
+            }
+            let mut sum = 0f32;
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = (x - max).exp();
+                sum += *y;
+            }
+            let inv = 1.0 / sum;
+            for y in y.iter_mut() {
+                *y *= inv;
+            }
+        }
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(y.apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxGrad)?))
+    }
+}
+
+/// dx = y ∘ (dy − Σ y∘dy) per row.
+struct SoftmaxGrad;
+
+impl CustomOp2 for SoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "gyre-softmax-last-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        ys: &CpuStorage,
+        yl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (y, dim) = f32_rows(ys, yl, self.name())?;
+        let (dy, _) = f32_rows(gs, gl, self.name())?;
+        if y.len() != dy.len() {
+            candle_core::bail!("{}: shapes differ", self.name());
+        }
+        let mut dx = vec![0f32; y.len()];
+        for ((y, dy), dx) in y
+            .chunks_exact(dim)
+            .zip(dy.chunks_exact(dim))
+            .zip(dx.chunks_exact_mut(dim))
+        {
+            let dot: f32 = y.iter().zip(dy).map(|(a, b)| a * b).sum();
+            for ((dx, &y), &dy) in dx.iter_mut().zip(y).zip(dy) {
+                *dx = y * (dy - dot);
+            }
+        }
+        Ok((CpuStorage::F32(dx), yl.shape().clone()))
+    }
+}
+
+/// x · rsqrt(mean(x²) + ε) · g over the last dimension, with a one-pass
+/// backward for x and for g.
+pub fn rms_norm(x: &Tensor, g: &Tensor, eps: f64) -> Result<Tensor, ModelError> {
+    Ok(x.contiguous()?
+        .apply_op2(&g.contiguous()?, RmsNorm { eps })?)
+}
+
+/// 1 / sqrt(mean(x²) + ε) of one row.
+fn inv_rms(x: &[f32], eps: f64) -> f32 {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (ms + eps as f32).sqrt()
+}
+
+fn gain<'a>(
+    gs: &'a CpuStorage,
+    gl: &Layout,
+    dim: usize,
+    op: &str,
+) -> candle_core::Result<&'a [f32]> {
+    let (g, _) = f32_rows(gs, gl, op)?;
+    if g.len() != dim {
+        candle_core::bail!("{op}: gain of {} for rows of {dim}", g.len());
+    }
+    Ok(g)
+}
+
+struct RmsNorm {
+    eps: f64,
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "gyre-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, dim) = f32_rows(xs, xl, self.name())?;
+        let g = gain(gs, gl, dim, self.name())?;
+        let mut y = vec![0f32; x.len()];
+        for (x, y) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
+            let r = inv_rms(x, self.eps);
+            for ((y, &x), &g) in y.iter_mut().zip(x).zip(g) {
+                *y = x * r * g;
+            }
+        }
+        Ok((CpuStorage::F32(y), xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let dx = x.apply_op3_no_bwd(g, &dy, &RmsNormGradX { eps: self.eps })?;
+        let dg = x.apply_op2_no_bwd(&dy, &RmsNormGradG { eps: self.eps })?;
+        Ok((Some(dx), Some(dg)))
+    }
+}
+
+/// dx = r · (dy∘g − x · r² / D · Σ dy∘g∘x) per row, r = rsqrt(mean(x²) + ε).
+struct RmsNormGradX {
+    eps: f64,
+}
+
+impl CustomOp3 for RmsNormGradX {
+    fn name(&self) -> &'static str {
+        "gyre-rms-norm-grad-x"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+        ds: &CpuStorage,
+        dl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, dim) = f32_rows(xs, xl, self.name())?;
+        let g = gain(gs, gl, dim, self.name())?;
+        let (dy, _) = f32_rows(ds, dl, self.name())?;
+        if dy.len() != x.len() {
+            candle_core::bail!("{}: shapes differ", self.name());
+        }
+        let mut dx = vec![0f32; x.len()];
+        for ((x, dy), dx) in x
+            .chunks_exact(dim)
+            .zip(dy.chunks_exact(dim))
+            .zip(dx.chunks_exact_mut(dim))
+        {
+            let r = inv_rms(x, self.eps);
+            let dot: f32 = x.iter().zip(dy).zip(g).map(|((x, d), g)| d * g * x).sum();
+            let c = r * r * dot / dim as f32;
+            for (((dx, &x), &dy), &g) in dx.iter_mut().zip(x).zip(dy).zip(g) {
+                *dx = r * (dy * g - x * c);
+            }
+        }
+        Ok((CpuStorage::F32(dx), xl.shape().clone()))
+    }
+}
+
+/// dg = Σ over rows of dy∘x·r.
+struct RmsNormGradG {
+    eps: f64,
+}
+
+impl CustomOp2 for RmsNormGradG {
+    fn name(&self) -> &'static str {
+        "gyre-rms-norm-grad-g"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ds: &CpuStorage,
+        dl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, dim) = f32_rows(xs, xl, self.name())?;
+        let (dy, _) = f32_rows(ds, dl, self.name())?;
+        if dy.len() != x.len() {
+            candle_core::bail!("{}: shapes differ", self.name());
+        }
+        let mut dg = vec![0f32; dim];
+        for (x, dy) in x.chunks_exact(dim).zip(dy.chunks_exact(dim)) {
+            let r = inv_rms(x, self.eps);
+            for ((dg, &x), &dy) in dg.iter_mut().zip(x).zip(dy) {
+                *dg += dy * x * r;
+            }
+        }
+        Ok((CpuStorage::F32(dg), Shape::from(dim)))
+    }
+}
+
+/// GELU, x · Φ(x) with the exact (erf) Φ, with a one-pass backward. Φ
+/// and its density share one exponential, e^(−x²/2); erf is Abramowitz
+/// and Stegun's 7.1.26 (absolute error under 1.5e-7, about f32's own
+/// resolution near 1), where libm's scalar erff was a twentieth of a
+/// training step.
+pub fn gelu_erf(x: &Tensor) -> Result<Tensor, ModelError> {
+    Ok(x.contiguous()?.apply_op1(GeluErf)?)
+}
+
+/// (Φ(x), φ(x)): the standard normal's distribution and density.
+fn phi(x: f32) -> (f32, f32) {
+    const P: f32 = 0.327_591_1;
+    const A: [f32; 5] = [
+        0.254_829_6,
+        -0.284_496_74,
+        1.421_413_8,
+        -1.453_152_1,
+        1.061_405_4,
+    ];
+    const INV_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+    let z = (x * INV_SQRT_2).abs();
+    let e = (-0.5 * x * x).exp();
+    let t = 1.0 / (1.0 + P * z);
+    let poly = t * (A[0] + t * (A[1] + t * (A[2] + t * (A[3] + t * A[4]))));
+    let erf_abs = 1.0 - poly * e;
+    let erf = if x < 0.0 { -erf_abs } else { erf_abs };
+    (0.5 * (1.0 + erf), e * INV_SQRT_2PI)
+}
+
+struct GeluErf;
+
+impl CustomOp1 for GeluErf {
+    fn name(&self) -> &'static str {
+        "gyre-gelu-erf"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, _) = f32_rows(s, l, self.name())?;
+        let y = x.iter().map(|&x| x * phi(x).0).collect();
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(&dy.contiguous()?, &GeluErfGrad)?))
+    }
+}
+
+/// dx = dy · (Φ(x) + x φ(x)).
+struct GeluErfGrad;
+
+impl CustomOp2 for GeluErfGrad {
+    fn name(&self) -> &'static str {
+        "gyre-gelu-erf-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, _) = f32_rows(xs, xl, self.name())?;
+        let (dy, _) = f32_rows(gs, gl, self.name())?;
+        if dy.len() != x.len() {
+            candle_core::bail!("{}: shapes differ", self.name());
+        }
+        let dx = x
+            .iter()
+            .zip(dy)
+            .map(|(&x, &dy)| {
+                let (cdf, pdf) = phi(x);
+                dy * (cdf + x * pdf)
+            })
+            .collect();
+        Ok((CpuStorage::F32(dx), xl.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{D, Device, Var};
+
+    fn composed(x: &Tensor) -> Tensor {
+        let max = x.max_keepdim(D::Minus1).unwrap().detach();
+        let e = x.broadcast_sub(&max).unwrap().exp().unwrap();
+        let s = e.sum_keepdim(D::Minus1).unwrap();
+        e.broadcast_div(&s).unwrap()
+    }
+
+    #[test]
+    fn softmax_and_its_gradient_match_the_composed_ops() {
+        let x = Var::from_tensor(
+            &Tensor::randn(0f32, 2.0, (3, 5, 17), &Device::Cpu)
+                .unwrap()
+                .contiguous()
+                .unwrap(),
+        )
+        .unwrap();
+        let w = Tensor::randn(0f32, 1.0, (3, 5, 17), &Device::Cpu).unwrap();
+        let fused = softmax_last(x.as_tensor()).unwrap();
+        let plain = composed(x.as_tensor());
+        let diff = (&fused - &plain).unwrap().abs().unwrap().max_all().unwrap();
+        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+        let g1 = (&fused * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g2 = (&plain * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let (g1, g2) = (g1.get(&x).unwrap(), g2.get(&x).unwrap());
+        let diff = (g1 - g2).unwrap().abs().unwrap().max_all().unwrap();
+        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+    }
+
+    #[test]
+    fn rms_norm_and_its_gradients_match_the_composed_ops() {
+        let x =
+            Var::from_tensor(&Tensor::randn(0f32, 1.5, (2, 7, 24), &Device::Cpu).unwrap()).unwrap();
+        let g = Var::from_tensor(&Tensor::randn(1f32, 0.3, 24, &Device::Cpu).unwrap()).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (2, 7, 24), &Device::Cpu).unwrap();
+        let eps = 1e-5;
+        let fused = rms_norm(x.as_tensor(), g.as_tensor(), eps).unwrap();
+        let plain = {
+            let ms = x
+                .as_tensor()
+                .sqr()
+                .unwrap()
+                .mean_keepdim(D::Minus1)
+                .unwrap();
+            let inv = (ms + eps).unwrap().sqrt().unwrap().recip().unwrap();
+            x.as_tensor()
+                .broadcast_mul(&inv)
+                .unwrap()
+                .broadcast_mul(g.as_tensor())
+                .unwrap()
+        };
+        let max_diff = |a: &Tensor, b: &Tensor| {
+            (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        assert!(max_diff(&fused, &plain) < 1e-5);
+        let g1 = (&fused * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g2 = (&plain * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for v in [&x, &g] {
+            let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
+            assert!(d < 1e-4, "{d}");
+        }
+    }
+
+    #[test]
+    fn gelu_and_its_gradient_match_candles_exact_erf() {
+        let x =
+            Var::from_tensor(&Tensor::randn(0f32, 3.0, (4, 257), &Device::Cpu).unwrap()).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (4, 257), &Device::Cpu).unwrap();
+        let fused = gelu_erf(x.as_tensor()).unwrap();
+        let plain = x.as_tensor().gelu_erf().unwrap();
+        let diff = |a: &Tensor, b: &Tensor| {
+            (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        assert!(diff(&fused, &plain) < 1e-6, "{}", diff(&fused, &plain));
+        let g1 = (&fused * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g2 = (&plain * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let d = diff(g1.get(&x).unwrap(), g2.get(&x).unwrap());
+        assert!(d < 1e-5, "{d}");
+    }
+
+    #[test]
+    fn a_row_with_no_visible_key_is_zeros_not_nan() {
+        let x = Tensor::new(
+            &[[f32::NEG_INFINITY, f32::NEG_INFINITY], [0.0, 0.0]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let y = softmax_last(&x).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(y, vec![vec![0.0, 0.0], vec![0.5, 0.5]]);
+    }
+}
