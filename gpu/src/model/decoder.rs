@@ -171,7 +171,7 @@ impl DecoderWeights {
 
     fn mlp(&self, l: &DecoderLayer, x: &Tensor) -> Result<Tensor, ModelError> {
         let h = self.norm(x, &l.post_norm)?;
-        let act = (l.gate.forward(&h)?.silu()? * l.up.forward(&h)?)?;
+        let act = super::fused::silu_mul(&l.gate.forward(&h)?, &l.up.forward(&h)?)?;
         l.down.forward(&act)
     }
 

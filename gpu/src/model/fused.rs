@@ -323,6 +323,99 @@ impl CustomOp2 for GeluErfGrad {
     }
 }
 
+/// SwiGLU's gate, silu(g) ∘ u, with a one-pass backward for each input.
+pub fn silu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor, ModelError> {
+    Ok(g.contiguous()?.apply_op2(&u.contiguous()?, SiluMul)?)
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn same_len<'a>(
+    a: (&'a CpuStorage, &Layout),
+    b: (&'a CpuStorage, &Layout),
+    op: &str,
+) -> candle_core::Result<(&'a [f32], &'a [f32])> {
+    let (a, _) = f32_rows(a.0, a.1, op)?;
+    let (b, _) = f32_rows(b.0, b.1, op)?;
+    if a.len() != b.len() {
+        candle_core::bail!("{op}: shapes differ");
+    }
+    Ok((a, b))
+}
+
+struct SiluMul;
+
+impl CustomOp2 for SiluMul {
+    fn name(&self) -> &'static str {
+        "gyre-silu-mul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        us: &CpuStorage,
+        ul: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (g, u) = same_len((gs, gl), (us, ul), self.name())?;
+        let y = g.iter().zip(u).map(|(&g, &u)| g * sigmoid(g) * u).collect();
+        Ok((CpuStorage::F32(y), gl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let dg = g.apply_op3_no_bwd(u, &dy, &SiluMulGrad { of_gate: true })?;
+        let du = g.apply_op3_no_bwd(u, &dy, &SiluMulGrad { of_gate: false })?;
+        Ok((Some(dg), Some(du)))
+    }
+}
+
+/// d/dg = dy ∘ u ∘ σ(g)(1 + g(1 − σ(g))); d/du = dy ∘ silu(g).
+struct SiluMulGrad {
+    of_gate: bool,
+}
+
+impl CustomOp3 for SiluMulGrad {
+    fn name(&self) -> &'static str {
+        "gyre-silu-mul-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        us: &CpuStorage,
+        ul: &Layout,
+        ds: &CpuStorage,
+        dl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (g, u) = same_len((gs, gl), (us, ul), self.name())?;
+        let (_, dy) = same_len((gs, gl), (ds, dl), self.name())?;
+        let d = g
+            .iter()
+            .zip(u)
+            .zip(dy)
+            .map(|((&g, &u), &dy)| {
+                let s = sigmoid(g);
+                if self.of_gate {
+                    dy * u * s * (1.0 + g * (1.0 - s))
+                } else {
+                    dy * g * s
+                }
+            })
+            .collect();
+        Ok((CpuStorage::F32(d), gl.shape().clone()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,6 +542,44 @@ mod tests {
             .unwrap();
         let d = diff(g1.get(&x).unwrap(), g2.get(&x).unwrap());
         assert!(d < 1e-5, "{d}");
+    }
+
+    #[test]
+    fn silu_mul_and_its_gradients_match_the_composed_ops() {
+        let g =
+            Var::from_tensor(&Tensor::randn(0f32, 3.0, (5, 33), &Device::Cpu).unwrap()).unwrap();
+        let u =
+            Var::from_tensor(&Tensor::randn(0f32, 1.0, (5, 33), &Device::Cpu).unwrap()).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (5, 33), &Device::Cpu).unwrap();
+        let fused = silu_mul(g.as_tensor(), u.as_tensor()).unwrap();
+        let plain = (g.as_tensor().silu().unwrap() * u.as_tensor()).unwrap();
+        let diff = |a: &Tensor, b: &Tensor| {
+            (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        assert!(diff(&fused, &plain) < 1e-5);
+        let g1 = (&fused * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g2 = (&plain * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for v in [&g, &u] {
+            let d = diff(g1.get(v).unwrap(), g2.get(v).unwrap());
+            assert!(d < 1e-5, "{d}");
+        }
     }
 
     #[test]
