@@ -308,8 +308,8 @@ fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
 fn ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers() {
     // Harnesses run in process groups of their own, so the terminal's
     // Ctrl-C never reaches them: `gyre train` ends them itself before it
-    // exits on SIGINT or SIGTERM, stragglers included, in one process and
-    // as the head of a cluster.
+    // exits on SIGINT or SIGTERM, stragglers and a hung evaluator
+    // included, in one process and as the head of a cluster.
     if python_openai_missing("ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers")
     {
         return;
@@ -328,6 +328,12 @@ fn ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers() {
         let harness = format!("sh -c 'sleep 600 & exec python3 {AGENT}'");
         let mut args = gateway_args(dir.path(), "50", &harness);
         args.extend(extra.iter().map(|s| s.to_string()));
+        // An evaluator that hangs (it carries no run tag): the signal
+        // must end it too.
+        let hang = format!("sleep {}", 6000 + code);
+        let at = args.iter().position(|a| a == "--evaluator-cmd").unwrap();
+        args[at + 1] = hang.clone();
+        let evaluators = || processes_running(&hang);
         let mut gyre = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
             .args(&args)
             .env("RUST_LOG", "warn")
@@ -337,8 +343,11 @@ fn ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers() {
             .expect("gyre runs");
         // Harnesses and their stragglers running.
         let deadline = Instant::now() + Duration::from_secs(180);
-        while of_run(&run) < 4 {
-            assert!(Instant::now() < deadline, "no harnesses started");
+        while of_run(&run) < 4 || evaluators() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no harnesses and evaluator running"
+            );
             assert!(gyre.try_wait().unwrap().is_none(), "the run ended early");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -352,7 +361,7 @@ fn ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers() {
         );
         // SIGKILL is asynchronous: give the kernel a moment to reap.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while of_run(&run) > 0 && Instant::now() < deadline {
+        while (of_run(&run) > 0 || evaluators() > 0) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_eq!(
@@ -360,5 +369,21 @@ fn ctrl_c_or_sigterm_ends_a_gateway_runs_harnesses_and_their_stragglers() {
             0,
             "{signal}: processes of the run left running"
         );
+        assert_eq!(evaluators(), 0, "{signal}: an evaluator left running");
     }
+}
+
+/// How many processes run exactly `command` (its words).
+fn processes_running(command: &str) -> usize {
+    let want: Vec<u8> = command
+        .split(' ')
+        .flat_map(|w| [w.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
+                .count()
+        })
+        .unwrap_or(0)
 }

@@ -125,6 +125,11 @@ pub struct TrainArgs {
     /// The harness timeout, seconds.
     #[arg(long, default_value_t = 300)]
     pub harness_timeout_s: u64,
+    /// The evaluator command's timeout, seconds: past it the command is
+    /// killed and the attempt fails (retried within the execution's
+    /// budget, never read as a zero).
+    #[arg(long, default_value_t = 300)]
+    pub evaluator_timeout_s: u64,
     /// Where workspaces and harness logs go (kept); default a temporary
     /// directory removed at the end.
     #[arg(long, requires = "gateway_listen")]
@@ -543,6 +548,7 @@ fn gateway_options(args: &TrainArgs, listen: &str) -> Result<GatewayOptions> {
         listen,
         launcher: Arc::new(launcher),
         evaluator: words("--evaluator-cmd", args.evaluator_cmd.as_ref())?,
+        evaluator_timeout: Duration::from_secs(args.evaluator_timeout_s.max(1)),
         scorer: None,
         dir: args.run_dir.clone(),
         store: args.gateway_store.clone(),
@@ -603,6 +609,7 @@ fn job_setup(
         listen,
         launcher,
         evaluator: Vec::new(),
+        evaluator_timeout: crate::embedded::external::evaluator::DEFAULT_TIMEOUT,
         scorer: Some(scorer),
         dir: Some(plan.runner.work_root.clone()),
         store,

@@ -116,6 +116,51 @@ fn watched() -> std::sync::MutexGuard<'static, Vec<(u64, String, Option<PathBuf>
     WATCHED.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Processes this one started and waits for that carry no run tag (an
+/// evaluator command), with whether each leads a group of its own: a
+/// signal kills them too, or they would outlive the exit.
+static CHILDREN: Mutex<BTreeSet<(u32, bool)>> = Mutex::new(BTreeSet::new());
+
+/// A started process [`reap_watched`] kills, while this lives.
+#[must_use = "the process is tracked only while the Tracked lives"]
+pub struct Tracked((u32, bool));
+
+/// Tracks `pid` (the leader of its own group if `group`) until the
+/// returned [`Tracked`] is dropped, once the caller has waited for it.
+pub fn track(pid: u32, group: bool) -> Tracked {
+    children().insert((pid, group));
+    Tracked((pid, group))
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        children().remove(&self.0);
+    }
+}
+
+fn children() -> std::sync::MutexGuard<'static, BTreeSet<(u32, bool)>> {
+    CHILDREN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Kills the tracked processes (each once: they stay tracked until their
+/// waiter drops them); returns how many.
+fn kill_tracked(done: &mut BTreeSet<(u32, bool)>) -> usize {
+    let fresh: Vec<(u32, bool)> = children().difference(done).copied().collect();
+    for &(pid, group) in &fresh {
+        let Ok(raw) = i32::try_from(pid) else {
+            continue;
+        };
+        let pid = Pid::from_raw(raw);
+        let _ = if group {
+            killpg(pid, Signal::SIGKILL)
+        } else {
+            kill(pid, Signal::SIGKILL)
+        };
+    }
+    done.extend(fresh.iter().copied());
+    fresh.len()
+}
+
 static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether this process is ending its runs on a signal: launchers start no
@@ -124,18 +169,21 @@ pub fn stopping() -> bool {
     STOPPING.load(std::sync::atomic::Ordering::SeqCst)
 }
 
-/// Stops harness launches, kills the harnesses of every watched run and
-/// removes their temporary folders; returns how many processes were
-/// killed. A launch that passed its [`stopping`] check just before may
-/// still be between fork and exec (its environment not yet the run's),
-/// so the runs are scanned until a few scans in a row find nothing.
+/// Stops harness and evaluator launches, kills the harnesses of every
+/// watched run and every [`track`]ed process, and removes the runs'
+/// temporary folders; returns how many processes were killed. A launch
+/// that passed its [`stopping`] check just before may still be between
+/// fork and exec (its environment not yet the run's, or not yet tracked),
+/// so the scans go on until a few in a row find nothing.
 pub fn reap_watched() -> usize {
     STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
     let runs: Vec<_> = watched().clone();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     let (mut killed, mut quiet) = (0, 0);
+    let mut done = BTreeSet::new();
     while quiet < 3 && std::time::Instant::now() < deadline {
-        let round: usize = runs.iter().map(|(_, run, _)| reap(run)).sum();
+        let round: usize =
+            runs.iter().map(|(_, run, _)| reap(run)).sum::<usize>() + kill_tracked(&mut done);
         killed += round;
         quiet = if round == 0 { quiet + 1 } else { 0 };
         std::thread::sleep(std::time::Duration::from_millis(30));
@@ -174,7 +222,9 @@ pub fn end_on_signal() -> std::io::Result<()> {
                 }
             });
             let killed = reap_watched();
-            eprintln!("gyre: stopped by {name}; killed {killed} harness processes of this run");
+            eprintln!(
+                "gyre: stopped by {name}; killed {killed} harness and evaluator processes of this run"
+            );
             std::process::exit(code);
         })?;
     Ok(())

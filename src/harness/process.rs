@@ -218,6 +218,9 @@ pub async fn run(spec: &ProcessSpec, cancel: &CancellationToken) -> ProcessRun {
     };
     let pgid = Pid::from_raw(pid as i32);
     let mut guard = GroupGuard { pgid, armed: true };
+    // A signal that ends gyre ends the session too (an evaluator carries
+    // no run tag to be found by).
+    let _tracked = super::orphans::track(pid, true);
     let end = tokio::select! {
         status = child.wait() => match status {
             Ok(s) => {

@@ -6,10 +6,14 @@
 //! `{"score": x, "valid": bool}` on stdout (the last such line counts). A
 //! crash, a non-zero exit, unparseable output or `"valid": false` fails
 //! the attempt, which the evaluator actor retries within the execution's
-//! budget and otherwise excludes; it is never read as a zero.
+//! budget and otherwise excludes; it is never read as a zero. So does a
+//! command that runs past its timeout: it is killed, so a hung evaluator
+//! cannot hold an I/O worker (and its group's training) for good.
 
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gyre_actors::sched::ids::ExecId;
 use gyre_actors::sched::proto::evaluator::{EvalEvent, EvalReq, EvalState};
@@ -52,12 +56,17 @@ pub trait WorkspaceScorer: std::fmt::Debug + Send + Sync + 'static {
     fn score(&self, run: &RunInfo, attempt: u32) -> Result<Scored, String>;
 }
 
+/// How long an evaluator command may run by default (`gyre train
+/// --evaluator-timeout-s`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Runs the evaluator command per attempt (`Msg` accepts `EvalReq`).
 #[derive(Debug)]
 pub struct CommandEvaluator {
     argv: Vec<String>,
     board: Arc<Board>,
     scorer: Option<Arc<dyn WorkspaceScorer>>,
+    timeout: Duration,
 }
 
 impl CommandEvaluator {
@@ -69,7 +78,14 @@ impl CommandEvaluator {
             argv,
             board,
             scorer: None,
+            timeout: DEFAULT_TIMEOUT,
         })
+    }
+
+    /// Kills the command after `timeout` (the attempt fails).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Scores with `scorer` instead of a command.
@@ -78,6 +94,7 @@ impl CommandEvaluator {
             argv: Vec::new(),
             board,
             scorer: Some(scorer),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }
@@ -110,7 +127,12 @@ pub fn parse_score(stdout: &str) -> Result<f64, String> {
     Ok(v.score)
 }
 
-fn evaluate(argv: &[String], board: &Board, exec: ExecId) -> Result<f64, String> {
+fn evaluate(
+    argv: &[String],
+    board: &Board,
+    exec: ExecId,
+    timeout: Duration,
+) -> Result<f64, String> {
     let run = board
         .get(exec)
         .ok_or_else(|| format!("{exec:?} has no workspace to score"))?;
@@ -118,19 +140,77 @@ fn evaluate(argv: &[String], board: &Board, exec: ExecId) -> Result<f64, String>
         a.replace("{workspace}", &run.workspace.display().to_string())
             .replace("{query}", &run.query.to_string())
     };
-    let out = Command::new(fill(&argv[0]))
-        .args(argv[1..].iter().map(fill))
-        .current_dir(&run.workspace)
-        .output()
-        .map_err(|e| format!("the evaluator did not start: {e}"))?;
-    if !out.status.success() {
+    let mut cmd = Command::new(fill(&argv[0]));
+    cmd.args(argv[1..].iter().map(fill))
+        .current_dir(&run.workspace);
+    let (status, stdout, stderr) = output_within(cmd, timeout)?;
+    if !status.success() {
         return Err(format!(
-            "the evaluator exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            "the evaluator exited with {status}: {}",
+            String::from_utf8_lossy(&stderr).trim()
         ));
     }
-    parse_score(&String::from_utf8_lossy(&out.stdout))
+    parse_score(&String::from_utf8_lossy(&stdout))
+}
+
+/// Runs `cmd` to its end with its stdout and stderr, or kills it after
+/// `timeout`. The pipes are read on threads of their own, so a chatty
+/// command cannot block on a full pipe; on a timeout they are left to end
+/// with whatever still holds the pipes (a child the command started).
+fn output_within(
+    mut cmd: Command,
+    timeout: Duration,
+) -> Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>), String> {
+    if crate::harness::orphans::stopping() {
+        return Err("gyre is stopping on a signal".into());
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("the evaluator did not start: {e}"))?;
+    // A signal that ends gyre ends the command too.
+    let _tracked = crate::harness::orphans::track(child.id(), false);
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the evaluator did not finish within {} s and was killed",
+                    timeout.as_secs_f64()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(format!("waiting for the evaluator: {e}")),
+        }
+    };
+    let join = |t: std::thread::JoinHandle<Vec<u8>>| t.join().unwrap_or_default();
+    Ok((status, join(out), join(err)))
 }
 
 impl Actor for CommandEvaluator {
@@ -146,14 +226,14 @@ impl Actor for CommandEvaluator {
                 reply_to,
             }) => {
                 let (argv, board) = (self.argv.clone(), self.board.clone());
-                let scorer = self.scorer.clone();
+                let (scorer, timeout) = (self.scorer.clone(), self.timeout);
                 cx.io(
                     Work::new("evaluator.command", move || match scorer {
                         Some(s) => board
                             .get(exec)
                             .ok_or_else(|| format!("{exec:?} has no workspace to score"))
                             .and_then(|run| s.score(&run, attempt)),
-                        None => evaluate(&argv, &board, exec).map(|reward| Scored {
+                        None => evaluate(&argv, &board, exec, timeout).map(|reward| Scored {
                             reward,
                             artifact: None,
                         }),
@@ -206,6 +286,29 @@ impl Actor for CommandEvaluator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    }
+
+    #[test]
+    fn a_command_past_its_timeout_is_killed_and_the_attempt_fails() {
+        let t = Instant::now();
+        let e = output_within(sh("exec sleep 30"), Duration::from_millis(300)).unwrap_err();
+        assert!(e.contains("did not finish within 0.3 s"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(10));
+        // In time, its output and status come back whole, however much
+        // it writes.
+        let (status, out, err) = output_within(
+            sh("head -c 300000 /dev/zero | tr '\\0' x; echo oops >&2"),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert!(status.success());
+        assert_eq!((out.len(), err), (300_000, b"oops\n".to_vec()));
+    }
 
     #[test]
     fn verdicts_parse_and_bad_ones_fail() {

@@ -31,6 +31,8 @@ pub struct GatewayOptions {
     pub launcher: Arc<dyn HarnessLauncher>,
     /// The evaluator command (`{workspace}`, `{query}`).
     pub evaluator: Vec<String>,
+    /// The command is killed after this long (the attempt fails).
+    pub evaluator_timeout: Duration,
     /// Scores in place of the command when set (a job file's evaluator).
     pub scorer: Option<Arc<dyn WorkspaceScorer>>,
     /// Workspaces and logs; a temporary directory (removed at the end)

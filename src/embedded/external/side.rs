@@ -45,6 +45,7 @@ pub struct ExternalTask {
     front: Recipient<ToFront>,
     board: Arc<Board>,
     evaluator: Vec<String>,
+    evaluator_timeout: std::time::Duration,
     scorer: Option<Arc<dyn WorkspaceScorer>>,
     tap: Arc<CallStreams>,
 }
@@ -61,6 +62,7 @@ impl TaskBackends for ExternalTask {
         match &self.scorer {
             Some(s) => Ok(CommandEvaluator::with_scorer(s.clone(), self.board.clone())),
             None => CommandEvaluator::new(self.evaluator.clone(), self.board.clone())
+                .map(|e| e.with_timeout(self.evaluator_timeout))
                 .map_err(BuildError::Harness),
         }
     }
@@ -125,6 +127,7 @@ pub fn prepare(
         front: Recipient::of(front_addr),
         board: board.clone(),
         evaluator: opts.evaluator.clone(),
+        evaluator_timeout: opts.evaluator_timeout,
         scorer: opts.scorer.clone(),
         tap: streams.clone(),
     };
