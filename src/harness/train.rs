@@ -336,13 +336,19 @@ impl WorkspaceScorer for JobScorer {
         match verdict {
             Verdict::Scored(b) => {
                 self.counters.scored.fetch_add(1, Ordering::Relaxed);
-                if let Ok(line) = serde_json::to_string(&b)
+                // One write of the whole line: evaluations end on several
+                // workers at once, and `writeln!` writes the line and its
+                // newline separately, so two lines could interleave
+                // (`{..}{..}\n\n`; CI saw it once). A single append of a
+                // small buffer is not split by another appender.
+                if let Ok(mut line) = serde_json::to_vec(&b)
                     && let Ok(mut f) = std::fs::OpenOptions::new()
                         .create(true)
                         .append(true)
                         .open(&self.bindings)
                 {
-                    let _ = writeln!(f, "{line}");
+                    line.push(b'\n');
+                    let _ = f.write_all(&line);
                 }
                 lock(&self.targets).remove(&run.workspace);
                 if !self.keep_workspaces {
