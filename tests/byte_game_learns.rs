@@ -4,9 +4,9 @@
 //! the last quarter of versions is at least 3× that of the first within
 //! 40 steps, for two seeds, while every elastic mechanism is at work (cells
 //! switch roles, displaced executions' calls are resumed on other engines,
-//! KV prefixes are exported and adopted, a satellite joins the core's
-//! steps), every answered call has its gateway record, and the critique
-//! calls are never trained on.
+//! a satellite joins the core's steps; KV prefixes are exported and
+//! adopted, judged over the test's runs), every answered call has its
+//! gateway record, and the critique calls are never trained on.
 //!
 //! The live host runs in real time, so the figures vary from run to run:
 //! 2.2–14.4× measured at the job's lr 0.02 against the 3× asked (README,
@@ -32,10 +32,19 @@ fn python_has_openai() -> bool {
         .unwrap_or(false)
 }
 
-/// Runs the job for `seed`, asserts everything but the rise (which must
-/// hold for every run) and says whether the reward rose 3×, with the
-/// run's figures.
-fn learns(seed: u64) -> (bool, String) {
+/// What one run showed beyond the assertions every run must pass.
+struct Run {
+    /// The reward rose 3×.
+    rose: bool,
+    summary: String,
+    /// KV prefixes exported, and adopted by the retried calls' engines.
+    kv: (u64, u64),
+}
+
+/// Runs the job for `seed` and asserts everything that must hold for every
+/// run (all but the rise and the KV migrations, which the test judges over
+/// its runs).
+fn learns(seed: u64) -> Run {
     let d = std::env::temp_dir().join(format!("gyre-bgl-{seed}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -92,15 +101,10 @@ fn learns(seed: u64) -> (bool, String) {
     // capture: CI logs show every run's figures, on a pass too.
     let _ = writeln!(std::io::stderr(), "{summary}");
     assert_eq!(n("steps"), 40, "{summary}");
-    for k in [
-        "role_changes",
-        "kv_exported",
-        "kv_adopted",
-        "satellite_steps",
-        "resumed_attempts",
-    ] {
+    for k in ["role_changes", "satellite_steps", "resumed_attempts"] {
         assert!(n(k) > 0, "{k} = 0: {summary}");
     }
+    assert!(n("kv_adopted") <= n("kv_exported"), "{summary}");
     assert_eq!(n("calls_without_record"), 0, "{summary}");
     assert!(n("gateway_calls") >= n("plane_calls_answered"), "{summary}");
     // A step trains one group of 4 executions: at most 4 × (4 main calls
@@ -111,7 +115,11 @@ fn learns(seed: u64) -> (bool, String) {
         assert!(t > 0 && t <= 4 * 5 * 8, "{t} targets in {u}");
     }
     let _ = std::fs::remove_dir_all(&d);
-    (late >= 3.0 * early, summary)
+    Run {
+        rose: late >= 3.0 * early,
+        summary,
+        kv: (n("kv_exported"), n("kv_adopted")),
+    }
 }
 
 /// Two seeds must rise 3×: seeds 1 and 2, and seed 3 only if one of
@@ -128,16 +136,32 @@ fn the_byte_game_learns_through_the_gateway_with_every_mechanism_for_two_seeds()
         return;
     }
     let (mut rose, mut low) = (Vec::new(), Vec::new());
+    let (mut exported, mut adopted) = (0, 0);
     for seed in [1, 2, 3] {
         if rose.len() == 2 || low.len() == 2 {
             break;
         }
-        let (ok, summary) = learns(seed);
-        if ok { &mut rose } else { &mut low }.push(summary);
+        let run = learns(seed);
+        exported += run.kv.0;
+        adopted += run.kv.1;
+        if run.rose { &mut rose } else { &mut low }.push(run.summary);
     }
+    let all = || [rose.clone(), low.clone()].concat().join("\n");
     assert!(
         rose.len() == 2,
         "the reward did not rise 3x for two seeds:\n{}",
         low.join("\n")
+    );
+    // KV migration needs a call running on a cell when it switches, which
+    // the real-time runs give a few times each (2-11 exports a run since
+    // the fused kernels sped the engine up): judged over the runs, so one
+    // run without any does not fail the test. Each export's retried call
+    // waits for its blocks (`ExpectKv`), so nearly all are adopted; before
+    // that the call usually outran the read (CI: 10 exported, 2 adopted).
+    assert!(exported > 0, "no KV prefix exported:\n{}", all());
+    assert!(
+        adopted * 4 >= exported * 3,
+        "{adopted} of {exported} exported KV prefixes adopted:\n{}",
+        all()
     );
 }

@@ -38,9 +38,20 @@ fn gone(pid: u64) -> bool {
 
 #[test]
 fn a_tiny_run_trains_across_processes_and_reports_like_the_one_process_run() {
+    // Micro-steps of 64 tokens (512 by default) give each step a dozen or
+    // so: with the default's few, the core trained a whole step before a
+    // switching cell was ready to join, once the fused kernels had made
+    // training fast (session 17: a satellite joined none of 3 steps in
+    // 8 runs of 8 on a fresh VM; with 64, every step of 8 runs, 5 of them
+    // beside two busy loops).
+    let config = std::env::temp_dir().join(format!("gyre-ct-{}.toml", std::process::id()));
+    std::fs::write(&config, "[sched]\nmicro_tokens = 64\n").unwrap();
+    let config = config.to_str().unwrap();
     let cluster = json(&[
         "train",
         "--tiny",
+        "--config",
+        config,
         "--steps",
         "3",
         "--cluster",
@@ -48,8 +59,9 @@ fn a_tiny_run_trains_across_processes_and_reports_like_the_one_process_run() {
         "--json",
     ]);
     let live = json(&[
-        "train", "--tiny", "--steps", "3", "--host", "live", "--json",
+        "train", "--tiny", "--config", config, "--steps", "3", "--host", "live", "--json",
     ]);
+    let _ = std::fs::remove_file(config);
 
     assert_eq!(cluster["steps"], 3);
     let updates = cluster["updates"].as_array().expect("updates");
@@ -106,7 +118,7 @@ fn a_tiny_run_trains_across_processes_and_reports_like_the_one_process_run() {
     // A satellite in another process joined at least one step: its
     // gradient crossed in the ring all-reduce (283,904 bytes a step for
     // the tiny model's 35,488 f32 gradients, each sent and received once;
-    // four runs here moved 1 or 3 steps' worth).
+    // with 64-token micro-steps, 8 runs here moved 3 steps' worth).
     assert!(
         moved["gradients"].as_u64().unwrap() > 0,
         "gradients crossed between the core's and a satellite's processes: {moved}"

@@ -113,16 +113,37 @@ fn load(path: &Path) -> Result<(ModelConfig, ParamBuffer), String> {
     Ok((ck.config.model, ck.params))
 }
 
-fn bench(path: &Path, reps: usize) -> Result<(), String> {
-    let (model, params) = load(path)?;
-    let cfg = EngineConfig::for_model(model.clone(), 32);
-    let mut engine = Engine::new(cfg, &params).map_err(|e| e.to_string())?;
+/// The trainer both modes time, with the PyTorch side's optimizer.
+fn trainer_for(model: &ModelConfig, params: &ParamBuffer) -> Result<Trainer, String> {
     let optim = OptimConfig {
         lr: 1e-4,
         weight_decay: 0.01,
         ..Default::default()
     };
-    let mut trainer = Trainer::core(&model, &params, optim).map_err(|e| e.to_string())?;
+    Trainer::core(model, params, optim).map_err(|e| e.to_string())
+}
+
+/// One training step (forward, backward, AdamW update); its seconds.
+fn train_step(
+    trainer: &mut Trainer,
+    rows: &[TrainRow],
+    step: &MicroStep,
+    loss: &Loss,
+) -> Result<f64, String> {
+    let t = Instant::now();
+    trainer
+        .accumulate(rows, step, loss, None)
+        .map_err(|e| e.to_string())?;
+    let grads = trainer.export_grads().map_err(|e| e.to_string())?;
+    trainer.apply(&grads).map_err(|e| e.to_string())?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn bench(path: &Path, reps: usize) -> Result<(), String> {
+    let (model, params) = load(path)?;
+    let cfg = EngineConfig::for_model(model.clone(), 32);
+    let mut engine = Engine::new(cfg, &params).map_err(|e| e.to_string())?;
+    let mut trainer = trainer_for(&model, &params)?;
     let rows = train_rows();
     let first = MicroStep::whole(&rows[..1]);
     let logprobs = trainer
@@ -135,13 +156,7 @@ fn bench(path: &Path, reps: usize) -> Result<(), String> {
     for rep in 0..=reps {
         let a = generate(&mut engine, 1, rep)?;
         let b = generate(&mut engine, 32, rep)?;
-        let t = Instant::now();
-        trainer
-            .accumulate(&rows, &step, &loss, None)
-            .map_err(|e| e.to_string())?;
-        let grads = trainer.export_grads().map_err(|e| e.to_string())?;
-        trainer.apply(&grads).map_err(|e| e.to_string())?;
-        let c = t.elapsed().as_secs_f64();
+        let c = train_step(&mut trainer, &rows, &step, &loss)?;
         if rep > 0 {
             one.push(a);
             many.push(b);
@@ -169,24 +184,13 @@ fn bench(path: &Path, reps: usize) -> Result<(), String> {
 /// on `torch_anchor train DIR/gyre.safetensors 50`); prints its median.
 fn train_only(path: &Path, reps: usize) -> Result<(), String> {
     let (model, params) = load(path)?;
-    let optim = OptimConfig {
-        lr: 1e-4,
-        weight_decay: 0.01,
-        ..Default::default()
-    };
-    let mut trainer = Trainer::core(&model, &params, optim).map_err(|e| e.to_string())?;
+    let mut trainer = trainer_for(&model, &params)?;
     let rows = train_rows();
     let step = MicroStep::whole(&rows);
     let loss = Loss::Policy(Default::default());
     let mut train = Vec::new();
     for _ in 0..reps {
-        let t = Instant::now();
-        trainer
-            .accumulate(&rows, &step, &loss, None)
-            .map_err(|e| e.to_string())?;
-        let grads = trainer.export_grads().map_err(|e| e.to_string())?;
-        trainer.apply(&grads).map_err(|e| e.to_string())?;
-        train.push(t.elapsed().as_secs_f64());
+        train.push(train_step(&mut trainer, &rows, &step, &loss)?);
     }
     let out = serde_json::json!({
         "impl": "gyre",

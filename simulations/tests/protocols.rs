@@ -677,6 +677,15 @@ fn a_cell_switches_to_training_step_by_step() {
         tokens: 500,
     };
     r.send(EngineEvent::KvPinned { blocks: vec![kv] });
+    // The destination is warned first (its engine then holds the retried
+    // call for the blocks), then the calls are cancelled.
+    assert!(matches!(
+        got(&mut r.sim, r.dest)[..],
+        [CellMsg::KvComing {
+            switch: SwitchId(1),
+            exec: ExecId(7)
+        }]
+    ));
     assert!(matches!(
         got(&mut r.sim, r.engine)[..],
         [EngineReq::CancelAll { .. }]
@@ -891,6 +900,16 @@ fn a_destination_reads_the_blocks_adopts_them_and_acknowledges() {
         engine: EngineIx::Cell(0),
         tokens: 300,
     };
+    // Warned before the source cancels: the engine holds the execution's
+    // retried call for the blocks.
+    r.send(CellMsg::KvComing {
+        switch: SwitchId(9),
+        exec: ExecId(2),
+    });
+    assert!(matches!(
+        got(&mut r.sim, r.engine)[..],
+        [EngineReq::ExpectKv { exec: ExecId(2) }]
+    ));
     r.send(CellMsg::TakeOver {
         switch: SwitchId(9),
         kv,

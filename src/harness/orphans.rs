@@ -62,6 +62,11 @@ pub fn find(run: &str) -> Vec<Pid> {
 /// that leads one (a harness's stragglers); returns how many processes
 /// were found. The caller's own group is never signalled as a group.
 pub fn reap(run: &str) -> usize {
+    reap_pids(run).len()
+}
+
+/// [`reap`], returning the processes it found (and killed).
+fn reap_pids(run: &str) -> Vec<Pid> {
     let procs = find(run);
     let ours = getpgrp();
     let mut groups = BTreeSet::new();
@@ -85,7 +90,7 @@ pub fn reap(run: &str) -> usize {
             "killed harness processes of this run"
         );
     }
-    procs.len()
+    procs
 }
 
 /// The runs of this process whose harnesses a signal must end, each with
@@ -179,13 +184,19 @@ pub fn reap_watched() -> usize {
     STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
     let runs: Vec<_> = watched().clone();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    let (mut killed, mut quiet) = (0, 0);
-    let mut done = BTreeSet::new();
+    let mut quiet = 0;
+    // A killed process may still be found by the next scan (it takes a
+    // moment to die): it keeps the scans going but is counted once.
+    let (mut killed, mut done) = (BTreeSet::new(), BTreeSet::new());
     while quiet < 3 && std::time::Instant::now() < deadline {
-        let round: usize =
-            runs.iter().map(|(_, run, _)| reap(run)).sum::<usize>() + kill_tracked(&mut done);
-        killed += round;
-        quiet = if round == 0 { quiet + 1 } else { 0 };
+        let found: Vec<Pid> = runs.iter().flat_map(|(_, run, _)| reap_pids(run)).collect();
+        let tracked = kill_tracked(&mut done);
+        quiet = if found.is_empty() && tracked == 0 {
+            quiet + 1
+        } else {
+            0
+        };
+        killed.extend(found);
         std::thread::sleep(std::time::Duration::from_millis(30));
     }
     for (_, _, temporary) in runs {
@@ -193,7 +204,7 @@ pub fn reap_watched() -> usize {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
-    killed
+    killed.len() + done.len()
 }
 
 /// From now on SIGINT and SIGTERM end this process only after the

@@ -72,7 +72,8 @@ impl ReqKey {
             EngineReq::Unload { .. } => ReqKey::Unload,
             EngineReq::Load { .. } => ReqKey::Load,
             EngineReq::SetWeightsAcked { version, .. } => ReqKey::SetWeights(*version),
-            EngineReq::AdoptKv { .. }
+            EngineReq::ExpectKv { .. }
+            | EngineReq::AdoptKv { .. }
             | EngineReq::ReleaseKv { .. }
             | EngineReq::SetWeights { .. } => {
                 return None;
@@ -127,7 +128,7 @@ pub enum Resend {
 
 impl Resend {
     /// The key the request is filed under; `None` for the hints no answer
-    /// follows (`AdoptKv`, `ReleaseKv`, `SetWeights`), which are sent once.
+    /// follows (`ExpectKv`, `AdoptKv`, `ReleaseKv`, `SetWeights`), which are sent once.
     pub fn key(&self) -> Option<ReqKey> {
         match self {
             Resend::Engine(_, r) => ReqKey::of_engine(r),

@@ -421,165 +421,111 @@ mod tests {
     use super::*;
     use candle_core::{D, Device, Var};
 
-    fn composed(x: &Tensor) -> Tensor {
+    fn composed_softmax(x: &Tensor) -> Tensor {
         let max = x.max_keepdim(D::Minus1).unwrap().detach();
         let e = x.broadcast_sub(&max).unwrap().exp().unwrap();
         let s = e.sum_keepdim(D::Minus1).unwrap();
         e.broadcast_div(&s).unwrap()
     }
 
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    fn randn(mean: f32, std: f32, shape: impl Into<Shape>) -> Tensor {
+        Tensor::randn(mean, std, shape, &Device::Cpu).unwrap()
+    }
+
+    fn var(t: Tensor) -> Var {
+        Var::from_tensor(&t.contiguous().unwrap()).unwrap()
+    }
+
+    /// The fused op and the composed ops it replaces agree within `value`
+    /// on the output and within `grad` on the gradient of each input, for
+    /// a random weighting of the output (any loss reaches an op that way).
+    fn assert_same_fn(
+        inputs: &[&Var],
+        fused: impl Fn(&[&Tensor]) -> Tensor,
+        composed: impl Fn(&[&Tensor]) -> Tensor,
+        value: f32,
+        grad: f32,
+    ) {
+        let xs: Vec<&Tensor> = inputs.iter().map(|v| v.as_tensor()).collect();
+        let (f, c) = (fused(&xs), composed(&xs));
+        let d = max_diff(&f, &c);
+        assert!(d < value, "output differs by {d}");
+        let w = randn(0.0, 1.0, f.shape());
+        let loss = |y: &Tensor| (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let (g1, g2) = (loss(&f), loss(&c));
+        for (i, v) in inputs.iter().enumerate() {
+            let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
+            assert!(d < grad, "gradient of input {i} differs by {d}");
+        }
+    }
+
     #[test]
     fn softmax_and_its_gradient_match_the_composed_ops() {
-        let x = Var::from_tensor(
-            &Tensor::randn(0f32, 2.0, (3, 5, 17), &Device::Cpu)
-                .unwrap()
-                .contiguous()
-                .unwrap(),
-        )
-        .unwrap();
-        let w = Tensor::randn(0f32, 1.0, (3, 5, 17), &Device::Cpu).unwrap();
-        let fused = softmax_last(x.as_tensor()).unwrap();
-        let plain = composed(x.as_tensor());
-        let diff = (&fused - &plain).unwrap().abs().unwrap().max_all().unwrap();
-        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
-        let g1 = (&fused * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (&plain * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let (g1, g2) = (g1.get(&x).unwrap(), g2.get(&x).unwrap());
-        let diff = (g1 - g2).unwrap().abs().unwrap().max_all().unwrap();
-        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+        let x = var(randn(0.0, 2.0, (3, 5, 17)));
+        assert_same_fn(
+            &[&x],
+            |x| softmax_last(x[0]).unwrap(),
+            |x| composed_softmax(x[0]),
+            1e-6,
+            1e-6,
+        );
     }
 
     #[test]
     fn rms_norm_and_its_gradients_match_the_composed_ops() {
-        let x =
-            Var::from_tensor(&Tensor::randn(0f32, 1.5, (2, 7, 24), &Device::Cpu).unwrap()).unwrap();
-        let g = Var::from_tensor(&Tensor::randn(1f32, 0.3, 24, &Device::Cpu).unwrap()).unwrap();
-        let w = Tensor::randn(0f32, 1.0, (2, 7, 24), &Device::Cpu).unwrap();
+        let x = var(randn(0.0, 1.5, (2, 7, 24)));
+        let g = var(randn(1.0, 0.3, 24));
         let eps = 1e-5;
-        let fused = rms_norm(x.as_tensor(), g.as_tensor(), eps).unwrap();
-        let plain = {
-            let ms = x
-                .as_tensor()
-                .sqr()
-                .unwrap()
-                .mean_keepdim(D::Minus1)
-                .unwrap();
-            let inv = (ms + eps).unwrap().sqrt().unwrap().recip().unwrap();
-            x.as_tensor()
-                .broadcast_mul(&inv)
-                .unwrap()
-                .broadcast_mul(g.as_tensor())
-                .unwrap()
-        };
-        let max_diff = |a: &Tensor, b: &Tensor| {
-            (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
-        assert!(max_diff(&fused, &plain) < 1e-5);
-        let g1 = (&fused * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (&plain * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        for v in [&x, &g] {
-            let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
-            assert!(d < 1e-4, "{d}");
-        }
+        assert_same_fn(
+            &[&x, &g],
+            |t| rms_norm(t[0], t[1], eps).unwrap(),
+            |t| {
+                let ms = t[0].sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+                let inv = (ms + eps).unwrap().sqrt().unwrap().recip().unwrap();
+                t[0].broadcast_mul(&inv)
+                    .unwrap()
+                    .broadcast_mul(t[1])
+                    .unwrap()
+            },
+            1e-5,
+            1e-4,
+        );
     }
 
     #[test]
     fn gelu_and_its_gradient_match_candles_exact_erf() {
-        let x =
-            Var::from_tensor(&Tensor::randn(0f32, 3.0, (4, 257), &Device::Cpu).unwrap()).unwrap();
-        let w = Tensor::randn(0f32, 1.0, (4, 257), &Device::Cpu).unwrap();
-        let fused = gelu_erf(x.as_tensor()).unwrap();
-        let plain = x.as_tensor().gelu_erf().unwrap();
-        let diff = |a: &Tensor, b: &Tensor| {
-            (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
-        assert!(diff(&fused, &plain) < 1e-6, "{}", diff(&fused, &plain));
-        let g1 = (&fused * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (&plain * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let d = diff(g1.get(&x).unwrap(), g2.get(&x).unwrap());
-        assert!(d < 1e-5, "{d}");
+        let x = var(randn(0.0, 3.0, (4, 257)));
+        assert_same_fn(
+            &[&x],
+            |x| gelu_erf(x[0]).unwrap(),
+            |x| x[0].gelu_erf().unwrap(),
+            1e-6,
+            1e-5,
+        );
     }
 
     #[test]
     fn silu_mul_and_its_gradients_match_the_composed_ops() {
-        let g =
-            Var::from_tensor(&Tensor::randn(0f32, 3.0, (5, 33), &Device::Cpu).unwrap()).unwrap();
-        let u =
-            Var::from_tensor(&Tensor::randn(0f32, 1.0, (5, 33), &Device::Cpu).unwrap()).unwrap();
-        let w = Tensor::randn(0f32, 1.0, (5, 33), &Device::Cpu).unwrap();
-        let fused = silu_mul(g.as_tensor(), u.as_tensor()).unwrap();
-        let plain = (g.as_tensor().silu().unwrap() * u.as_tensor()).unwrap();
-        let diff = |a: &Tensor, b: &Tensor| {
-            (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
-        assert!(diff(&fused, &plain) < 1e-5);
-        let g1 = (&fused * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (&plain * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        for v in [&g, &u] {
-            let d = diff(g1.get(v).unwrap(), g2.get(v).unwrap());
-            assert!(d < 1e-5, "{d}");
-        }
+        let g = var(randn(0.0, 3.0, (5, 33)));
+        let u = var(randn(0.0, 1.0, (5, 33)));
+        assert_same_fn(
+            &[&g, &u],
+            |t| silu_mul(t[0], t[1]).unwrap(),
+            |t| (t[0].silu().unwrap() * t[1]).unwrap(),
+            1e-5,
+            1e-5,
+        );
     }
 
     #[test]

@@ -371,6 +371,10 @@ impl Actor for SimEngine {
                     None => self.cancel_all(reply_to, cx),
                 }
             }
+            // The cost model charges a retried call the prefix it holds when
+            // the call arrives; it does not model holding the call for the
+            // read (the embedded engine does: `EngineWorker`).
+            EngineReq::ExpectKv { .. } => {}
             EngineReq::AdoptKv { exec, tokens } => {
                 if self.loaded {
                     self.stats.adopted += 1;

@@ -40,6 +40,12 @@ pub struct EngineStats {
     pub kv_pinned: u64,
     /// `AdoptKv` requests accepted.
     pub kv_adopted: u64,
+    /// Calls held for their execution's blocks (`ExpectKv`) when their
+    /// prompt arrived.
+    pub kv_waits: u64,
+    /// Held calls served by prefilling because their blocks did not come
+    /// within `KV_WAIT`.
+    pub kv_wait_expired: u64,
     /// Prompt tokens taken from adopted blocks instead of being prefilled.
     pub adopted_tokens: u64,
     /// Adopted blocks that could not be used (missing, stale, unrelated).

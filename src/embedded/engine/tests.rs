@@ -17,6 +17,7 @@ use gyre_runtime::{
 };
 
 use super::record::{call_seed, request};
+use super::worker::KV_WAIT;
 use super::{EngineStats, EngineWorker};
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 
@@ -231,14 +232,49 @@ fn after_stop_admitting_new_calls_are_rejected() {
     assert!(!r.worker(eng).is_serving());
 }
 
-#[test]
-fn a_call_moved_with_its_blocks_prefills_less_and_samples_the_same_tokens() {
-    let mut r = Rig::new();
-    let (a, ha) = r.engine(EngineIx::Cell(0));
-    let (b, hb) = r.engine(EngineIx::Cell(1));
-    let p = prompt((3..23).collect(), 16);
-    let blob = r.put(&p);
-    let c = call(5, 2);
+/// A call of exec 5 moving from engine `a` to engine `b`: served on `a`
+/// for a few iterations, then `a` is drained as a switching cell does
+/// (stop admitting, pin exec 5's and 6's blocks, cancel), which exports
+/// the call's prefix (`tokens` long) onto the board.
+struct Moved {
+    a: Addr<EngineWorker>,
+    ha: EngineHandle,
+    b: Addr<EngineWorker>,
+    hb: EngineHandle,
+    p: Prompt,
+    blob: BlobId,
+    c: CallId,
+    tokens: u64,
+}
+
+impl Moved {
+    fn new(r: &mut Rig) -> Self {
+        let (a, ha) = r.engine(EngineIx::Cell(0));
+        let (b, hb) = r.engine(EngineIx::Cell(1));
+        let p = prompt((3..23).collect(), 16);
+        let blob = r.put(&p);
+        let c = call(5, 2);
+        let tokens = pin_and_cancel(r, a, &ha, c, blob);
+        Moved {
+            a,
+            ha,
+            b,
+            hb,
+            p,
+            blob,
+            c,
+            tokens,
+        }
+    }
+}
+
+fn pin_and_cancel(
+    r: &mut Rig,
+    a: Addr<EngineWorker>,
+    ha: &EngineHandle,
+    c: CallId,
+    blob: BlobId,
+) -> u64 {
     r.serve(a, c, 0, blob);
     // A few iterations in: the prompt is cached, some tokens sampled.
     r.sim.run_until(5 * MILLIS).unwrap();
@@ -273,8 +309,24 @@ fn a_call_moved_with_its_blocks_prefills_less_and_samples_the_same_tokens() {
         r.calls()[..],
         [CallEvent::Cancelled { attempt: 0, .. }]
     ));
-    assert_eq!(lock(&ha).load().pins, 1);
+    assert_eq!(lock(ha).load().pins, 1);
     assert_eq!(r.shared.kv.len(), 1);
+    tokens
+}
+
+#[test]
+fn a_call_moved_with_its_blocks_prefills_less_and_samples_the_same_tokens() {
+    let mut r = Rig::new();
+    let Moved {
+        a,
+        ha,
+        b,
+        hb,
+        p,
+        blob,
+        c,
+        tokens,
+    } = Moved::new(&mut r);
 
     r.send(
         b,
@@ -313,6 +365,82 @@ fn a_call_moved_with_its_blocks_prefills_less_and_samples_the_same_tokens() {
     assert!(r.worker(a).pinned().is_empty());
     assert!(r.shared.kv.is_empty());
     assert!(lock(&hb).is_idle());
+}
+
+/// `c` was answered once, by `b`, with what an unmoved engine samples;
+/// `b`'s (calls held for blocks, waits expired, prompt tokens adopted,
+/// prompt tokens prefilled) are `want`.
+fn assert_served_as_unmoved(
+    r: &mut Rig,
+    b: Addr<EngineWorker>,
+    p: &Prompt,
+    c: CallId,
+    want: (u64, u64, u64, u64),
+) {
+    let got = r.calls();
+    assert_eq!(got.len(), 1);
+    let rec = r.record(done(&got[0]).4);
+    assert_eq!(rec.output_ids, reference(p, c, &params(1, 0)).tokens);
+    let sb = r.stats(b);
+    let seen = (
+        sb.kv_waits,
+        sb.kv_wait_expired,
+        sb.adopted_tokens,
+        sb.prefilled_tokens,
+    );
+    assert_eq!(seen, want);
+}
+
+/// The race a switch sets up: the cancel makes the proxy retry the call on
+/// its destination at once, while the blocks are read only after the
+/// cancel. Warned by `ExpectKv`, the destination holds the retried call
+/// until `AdoptKv` and starts it from the blocks.
+#[test]
+fn a_retried_call_waits_for_its_expected_blocks_and_starts_from_them() {
+    let mut r = Rig::new();
+    let Moved {
+        b,
+        p,
+        blob,
+        c,
+        tokens,
+        ..
+    } = Moved::new(&mut r);
+
+    r.send(b, EngineReq::ExpectKv { exec: ExecId(5) });
+    r.serve(b, c, 1, blob);
+    let now = r.sim.now();
+    r.sim.run_until(now + 200 * MILLIS).unwrap();
+    assert!(r.calls().is_empty(), "held for its blocks");
+    assert_eq!(r.stats(b).steps, 0);
+    r.send(
+        b,
+        EngineReq::AdoptKv {
+            exec: ExecId(5),
+            tokens,
+        },
+    );
+    r.sim.run().unwrap();
+    assert_served_as_unmoved(&mut r, b, &p, c, (1, 0, 19, 1));
+    assert!(r.shared.kv.is_empty(), "the blocks were taken");
+}
+
+/// A hand-over that never comes (its source died mid-switch) costs the
+/// held call `KV_WAIT` once; then it is prefilled and served as usual.
+#[test]
+fn a_held_call_is_prefilled_when_its_blocks_do_not_come() {
+    let mut r = Rig::new();
+    let (b, _) = r.engine(EngineIx::Cell(1));
+    let p = prompt((3..23).collect(), 16);
+    let blob = r.put(&p);
+    let c = call(5, 2);
+    r.send(b, EngineReq::ExpectKv { exec: ExecId(5) });
+    r.serve(b, c, 1, blob);
+    let start = r.sim.now();
+    r.sim.run_until(start + KV_WAIT - MILLIS).unwrap();
+    assert!(r.calls().is_empty(), "held until the wait ends");
+    r.sim.run().unwrap();
+    assert_served_as_unmoved(&mut r, b, &p, c, (1, 1, 0, 20));
 }
 
 #[test]

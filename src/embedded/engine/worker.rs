@@ -38,6 +38,14 @@ use gyre_simulations::replay::schema::Op;
 /// ran (injected faults, shutdown); then it is answered as best it can be.
 const MAX_TRIES: u32 = 3;
 
+/// How long a call whose execution's blocks are on their way (`ExpectKv`)
+/// is held for them before it is served by prefilling instead. The wait
+/// normally ends at `AdoptKv`: the source's cancel, the hand-over and one
+/// read through the transfer engine, milliseconds; the bound only matters
+/// when the hand-over was lost (the source's node died mid-switch), and
+/// then costs the call this much latency once.
+pub const KV_WAIT: Nanos = 5_000_000_000;
+
 #[derive(Debug, Serialize, Deserialize)]
 pub enum EngineWorkerMsg {
     Req(EngineReq),
@@ -135,6 +143,9 @@ pub struct EngineWorker {
     by_req: BTreeMap<ReqId, CallKey>,
     /// Executions whose next call starts from adopted blocks.
     adopt: BTreeSet<ExecId>,
+    /// Executions whose blocks another engine is handing over, with when
+    /// their calls stop waiting for them: their queued calls are held.
+    expecting: BTreeMap<ExecId, Nanos>,
     pins: BTreeMap<ExecId, (PinId, u64)>,
     controls: VecDeque<Queued>,
     running: Option<Running>,
@@ -170,6 +181,7 @@ impl EngineWorker {
             to_submit: VecDeque::new(),
             by_req: BTreeMap::new(),
             adopt: BTreeSet::new(),
+            expecting: BTreeMap::new(),
             pins: BTreeMap::new(),
             controls: VecDeque::new(),
             running: None,
@@ -251,6 +263,9 @@ impl EngineWorker {
     ) {
         match self.calls.prompt_read(key, prompt, &mut self.stats) {
             PromptRead::Ready => {
+                if self.expecting.contains_key(&key.call.exec) {
+                    self.stats.kv_waits += 1;
+                }
                 self.to_submit.push_back(key);
                 self.kick(cx);
             }
@@ -309,6 +324,8 @@ impl EngineWorker {
     }
 
     fn cancel(&mut self, keys: &[CallKey], cx: &mut Cx<'_, Self>) -> u32 {
+        // This engine is leaving rollout: no hand-over is adopted here now.
+        self.expecting.clear();
         let (by_req, to_submit) = (&mut self.by_req, &mut self.to_submit);
         self.calls.cancel(keys, &mut self.stats, cx, |key, live| {
             if let Some(req) = live.ext.req {
@@ -319,17 +336,49 @@ impl EngineWorker {
     }
 
     /// Starts the next job if none is in flight: control requests first,
-    /// then a step while calls are queued or running.
+    /// then a step while calls are running or queued and not held for
+    /// their blocks; with only held calls left, a timer ends their wait.
     fn kick(&mut self, cx: &mut Cx<'_, Self>) {
         while self.running.is_none() {
             if let Some(q) = self.controls.pop_front() {
                 self.issue_control(q, cx);
                 continue;
             }
-            if !self.to_submit.is_empty() || !self.by_req.is_empty() {
+            let now = cx.now();
+            self.end_expired_waits(now);
+            let ready = self.to_submit.iter().any(|k| !self.held(k));
+            if ready || !self.by_req.is_empty() {
                 self.issue_step(cx);
+            } else if let Some(until) = self
+                .to_submit
+                .iter()
+                .filter_map(|k| self.expecting.get(&k.call.exec))
+                .min()
+            {
+                cx.set_timer((), until.saturating_sub(now).max(1));
             }
             break;
+        }
+    }
+
+    /// A queued call waits while its execution's blocks are expected.
+    fn held(&self, key: &CallKey) -> bool {
+        self.expecting.contains_key(&key.call.exec)
+    }
+
+    fn end_expired_waits(&mut self, now: Nanos) {
+        let expired: Vec<ExecId> = self
+            .expecting
+            .iter()
+            .filter(|&(_, until)| *until <= now)
+            .map(|(e, _)| *e)
+            .collect();
+        for exec in expired {
+            self.expecting.remove(&exec);
+            if self.to_submit.iter().any(|k| k.call.exec == exec) {
+                tracing::debug!(engine = ?self.ix, ?exec, "KV hand-over not adopted in time: prefilling");
+                self.stats.kv_wait_expired += 1;
+            }
         }
     }
 
@@ -383,7 +432,16 @@ impl EngineWorker {
     }
 
     fn issue_step(&mut self, cx: &mut Cx<'_, Self>) {
-        let keys: Vec<CallKey> = self.to_submit.drain(..).collect();
+        let mut keys = Vec::with_capacity(self.to_submit.len());
+        let mut held = VecDeque::new();
+        for key in self.to_submit.drain(..) {
+            if self.expecting.contains_key(&key.call.exec) {
+                held.push_back(key);
+            } else {
+                keys.push(key);
+            }
+        }
+        self.to_submit = held;
         let tapping = self.tap.clone().map(|tap| Tapping {
             tap,
             engine: self.ix,
@@ -736,6 +794,11 @@ impl Actor for EngineWorker {
     type Timer = ();
     gyre_runtime::accepts!(EngineReq);
 
+    /// The wait of held calls ended (`KV_WAIT`).
+    fn on_timer(&mut self, _: (), cx: &mut Cx<'_, Self>) {
+        self.kick(cx);
+    }
+
     fn on_msg(&mut self, _from: ActorId, msg: EngineWorkerMsg, cx: &mut Cx<'_, Self>) {
         match msg {
             EngineWorkerMsg::Req(req) => match req {
@@ -754,13 +817,21 @@ impl Actor for EngineWorker {
                     self.control(Control::Pin { execs, reply_to }, cx)
                 }
                 EngineReq::CancelAll { reply_to } => self.control(Control::Cancel { reply_to }, cx),
+                EngineReq::ExpectKv { exec } => {
+                    if self.is_serving() {
+                        self.expecting
+                            .insert(exec, cx.now().saturating_add(KV_WAIT));
+                    }
+                }
                 EngineReq::AdoptKv { exec, tokens } => {
+                    self.expecting.remove(&exec);
                     if self.loaded {
                         self.stats.kv_adopted += 1;
                         self.adopt.insert(exec);
                     } else {
                         tracing::warn!(?exec, tokens, "AdoptKv on an unloaded engine ignored");
                     }
+                    self.kick(cx);
                 }
                 EngineReq::ReleaseKv { execs } => self.control(Control::ReleaseKv { execs }, cx),
                 EngineReq::Unload { reply_to } => {

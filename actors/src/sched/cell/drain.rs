@@ -3,10 +3,11 @@
 //! The order matters for the harness: admission stops first; the scheduler
 //! has already reserved a slot for every displaced execution and told the
 //! proxy, and only once the proxy confirms the new routes are in place are
-//! the displaced executions' KV blocks pinned and their calls cancelled, so
-//! every cancelled call is retried on its destination at once. The pins are
-//! released one by one as destinations acknowledge their reads; only then
-//! does the engine unload and the device memory change roles.
+//! the displaced executions' KV blocks pinned, their destinations warned that
+//! the blocks follow, and their calls cancelled, so every cancelled call is
+//! retried on its destination at once and waits there for its blocks. The
+//! pins are released one by one as destinations acknowledge their reads;
+//! only then does the engine unload and the device memory change roles.
 
 use std::collections::BTreeSet;
 
@@ -40,6 +41,26 @@ pub struct Drain {
     admission_stopped: bool,
     routes_moved: bool,
     stage: DrainStage,
+}
+
+/// Before the cancel, tells each pinned execution's destination that its
+/// blocks follow. The cancel makes the proxy retry those calls at once,
+/// while the blocks can only be read after the cancel has completed: a
+/// destination warned first holds the retried call for them rather than
+/// prefilling the prefix the read is about to bring. Sent before the
+/// cancel, the warning reaches the destination's engine ahead of the
+/// retried call (that call waits on the cancel, the proxy and a prompt
+/// read); if it loses the race anyway the call is merely recomputed.
+fn announce(d: &Drain, blocks: &[KvBlocks], cx: &mut Cx<'_, Cell>) {
+    for kv in blocks {
+        if let Some(m) = d.moves.iter().find(|m| m.exec == kv.exec) {
+            let msg = CellMsg::KvComing {
+                switch: d.switch,
+                exec: kv.exec,
+            };
+            cx.send(m.dest_cell, msg);
+        }
+    }
 }
 
 impl Cell {
@@ -171,6 +192,7 @@ impl Cell {
             (EngineEvent::KvPinned { blocks }, Phase::Draining(d))
                 if matches!(d.stage, DrainStage::Pinning) =>
             {
+                announce(d, &blocks, cx);
                 d.stage = DrainStage::Cancelling { pinned: blocks };
                 let reply_to = cx.recipient();
                 let engine = self.links.engine;

@@ -301,6 +301,7 @@ impl Actor for Cell {
             }
             CellMsg::Switch { switch, moves } => self.on_switch(switch, moves, cx),
             CellMsg::RoutesMoved { switch } => self.on_routes_moved(switch, cx),
+            CellMsg::KvComing { exec, .. } => self.on_kv_coming(exec, cx),
             CellMsg::TakeOver { switch, kv, source } => self.on_take_over(switch, kv, source, cx),
             CellMsg::TakenOver { switch, exec } => self.on_taken_over(switch, exec, cx),
             CellMsg::Return { switch, version } => self.on_return(switch, version, cx),

@@ -9,12 +9,21 @@
 use gyre_runtime::{Cx, Recipient};
 
 use super::{Cell, CellMsg, Phase};
-use crate::sched::ids::SwitchId;
+use crate::sched::ids::{ExecId, SwitchId};
 use crate::sched::proto::engine::{EngineReq, KvBlocks};
 use crate::sched::proto::transfer::{ReadTag, TransferReq};
 use crate::sched::retry::Resend;
 
 impl Cell {
+    /// A source warns that `exec`'s blocks follow: the engine holds the
+    /// execution's retried call for them (see `drain::announce`). A cell
+    /// out of rollout has no engine serving and ignores it.
+    pub(super) fn on_kv_coming(&mut self, exec: ExecId, cx: &mut Cx<'_, Self>) {
+        if matches!(self.phase, Phase::Rollout) {
+            cx.send(self.links.engine, EngineReq::ExpectKv { exec });
+        }
+    }
+
     pub(super) fn on_take_over(
         &mut self,
         switch: SwitchId,

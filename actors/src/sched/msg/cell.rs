@@ -40,6 +40,13 @@ pub enum CellMsg {
     RoutesMoved {
         switch: SwitchId,
     },
+    /// From a switching cell, before it cancels: `exec`'s prefix is pinned
+    /// and its call will be retried here; the [`CellMsg::TakeOver`]
+    /// follows once the cancel has completed.
+    KvComing {
+        switch: SwitchId,
+        exec: ExecId,
+    },
     /// From a switching cell: take over `kv` of an execution moving here.
     TakeOver {
         switch: SwitchId,

@@ -36,6 +36,12 @@ pub enum EngineReq {
     },
     /// Cancel every unfinished call; cache writes stop (step 3).
     CancelAll { reply_to: Recipient<EngineEvent> },
+    /// Another engine pinned this execution's prefix and its retried call
+    /// is coming here: hold that call until [`EngineReq::AdoptKv`] (or a
+    /// bounded wait), so it starts from the blocks instead of racing their
+    /// read and prefilling the whole prefix again. A hint: an engine that
+    /// cannot adopt blocks ignores it.
+    ExpectKv { exec: ExecId },
     /// Blocks read from another engine now back this execution's prefix.
     AdoptKv { exec: ExecId, tokens: u64 },
     /// The destination acknowledged: drop the pins.

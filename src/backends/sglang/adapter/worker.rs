@@ -637,6 +637,9 @@ impl Actor for SglangEngine {
                     cx.send(reply_to, EngineEvent::KvPinned { blocks: Vec::new() });
                 }
                 EngineReq::CancelAll { reply_to } => self.control(Control::Cancel { reply_to }, cx),
+                // It cannot adopt another engine's blocks: nothing to wait
+                // for, the retried call recomputes its prefix.
+                EngineReq::ExpectKv { .. } => {}
                 EngineReq::AdoptKv { exec, tokens } => {
                     // Only handed-over pins are adopted, and this engine
                     // pins none; another engine's blocks cannot be imported.
