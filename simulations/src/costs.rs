@@ -61,6 +61,10 @@ pub struct EngineCosts {
     /// context; the rest of a compacted prompt is computed afresh.
     #[serde(default)]
     pub shared_prefix: u64,
+    /// Hold a call whose execution's blocks are being handed over until
+    /// they are adopted (`inference.hold_for_kv` in a scenario file).
+    #[serde(default)]
+    pub hold_for_kv: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -201,6 +205,7 @@ impl Default for Costs {
                 load_capacity: 0,
                 load_slowdown: 0.0,
                 shared_prefix: 0,
+                hold_for_kv: false,
             },
             memory: MemoryCosts {
                 release: Span::new(500 * MILLIS, 2 * SECS),

@@ -21,6 +21,13 @@
 //! pinned again; an unload or load under way is not restarted, and one
 //! already done is answered at once.
 //!
+//! With `hold_for_kv` (a scenario's `inference.hold_for_kv`), a call whose
+//! execution's blocks another engine is handing over (`ExpectKv`) is held
+//! until they are adopted, or for at most `KV_WAIT`, as the embedded engine
+//! holds it: it then starts from the adopted prefix instead of racing the
+//! read. Without it the retried call is charged the prefix held when it
+//! arrives.
+//!
 //! Replaying a record (`gyre simulate --replay`), each call takes its
 //! recorded service time and each pin, cancel, unload and load its
 //! recorded time from arrival to answer, in the order the recorded engine
@@ -32,7 +39,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId, Version};
-use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
+use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KV_WAIT, KvBlocks};
 use gyre_runtime::{Actor, ActorId, BlobId, Cx, Recipient};
 use rustc_hash::FxHashMap;
 
@@ -48,6 +55,16 @@ pub enum EngineTimer {
     /// A replayed pin or cancel is answered (a record priced it).
     Pin,
     Cancel,
+    /// The wait for an execution's blocks ends (`KV_WAIT`).
+    KvWait(ExecId),
+}
+
+/// A call held for its execution's blocks ([`EngineReq::ExpectKv`]).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    attempt: u32,
+    prompt_tokens: u64,
+    reply_to: Recipient<CallEvent>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +90,10 @@ pub struct EngineStats {
     pub pinned_at_unload: u64,
     /// Repeated requests answered again or ignored.
     pub repeats: u64,
+    /// Calls held for their execution's blocks, and those of them served
+    /// without the blocks because the wait ended first.
+    pub held_for_kv: u64,
+    pub kv_wait_expired: u64,
 }
 
 #[derive(Debug)]
@@ -114,6 +135,10 @@ pub struct SimEngine {
     pending_pin: Option<(Recipient<EngineEvent>, Vec<KvBlocks>)>,
     /// A replayed cancel, carried out at `EngineTimer::Cancel`.
     pending_cancel: Option<Recipient<EngineEvent>>,
+    /// Executions whose blocks another engine is handing over; their calls
+    /// wait in `held` until `AdoptKv` or `EngineTimer::KvWait`.
+    expecting: std::collections::BTreeSet<ExecId>,
+    held: BTreeMap<CallId, Held>,
 }
 
 impl SimEngine {
@@ -140,6 +165,8 @@ impl SimEngine {
             controls_used: [0; 4],
             pending_pin: None,
             pending_cancel: None,
+            expecting: std::collections::BTreeSet::new(),
+            held: BTreeMap::new(),
         }
     }
 
@@ -158,21 +185,94 @@ impl SimEngine {
 
     /// Cancels every call in flight, in call order, and answers `reply_to`.
     fn cancel_all(&mut self, reply_to: Recipient<EngineEvent>, cx: &mut Cx<'_, Self>) {
-        let mut calls: Vec<_> = self.inflight.drain().collect();
-        calls.sort_unstable_by_key(|(call, _)| *call);
+        let mut calls: Vec<_> = self
+            .inflight
+            .drain()
+            .map(|(call, f)| (call, f.attempt, f.reply_to))
+            .collect();
+        calls.extend(self.drop_held(cx));
+        calls.sort_unstable_by_key(|(call, ..)| *call);
         let cancelled = calls.len() as u32;
-        for (call, f) in calls {
+        for (call, attempt, to) in calls {
             cx.cancel_timer(&EngineTimer::Call(call));
             self.stats.cancelled += 1;
-            cx.send(
-                f.reply_to,
-                CallEvent::Cancelled {
-                    call,
-                    attempt: f.attempt,
-                },
-            );
+            cx.send(to, CallEvent::Cancelled { call, attempt });
         }
         cx.send(reply_to, EngineEvent::CancelComplete { cancelled });
+    }
+
+    /// Ends every wait for blocks (this engine leaves rollout): the held
+    /// calls, to be answered by the caller.
+    fn drop_held(&mut self, cx: &mut Cx<'_, Self>) -> Vec<(CallId, u32, Recipient<CallEvent>)> {
+        for exec in std::mem::take(&mut self.expecting) {
+            cx.cancel_timer(&EngineTimer::KvWait(exec));
+        }
+        std::mem::take(&mut self.held)
+            .into_iter()
+            .map(|(call, h)| (call, h.attempt, h.reply_to))
+            .collect()
+    }
+
+    /// The wait for `exec`'s blocks is over: its held calls start, from
+    /// whatever the cache holds now.
+    fn release_held(&mut self, exec: ExecId, cx: &mut Cx<'_, Self>) {
+        if !self.expecting.remove(&exec) {
+            return;
+        }
+        cx.cancel_timer(&EngineTimer::KvWait(exec));
+        let calls: Vec<CallId> = self
+            .held
+            .keys()
+            .filter(|c| c.exec == exec)
+            .copied()
+            .collect();
+        for call in calls {
+            if let Some(h) = self.held.remove(&call) {
+                self.start(call, h.attempt, h.prompt_tokens, h.reply_to, cx);
+            }
+        }
+    }
+
+    /// Serves one call: its service time from the prompt tokens the cache
+    /// does not hold and the output it samples.
+    fn start(
+        &mut self,
+        call: CallId,
+        attempt: u32,
+        prompt_tokens: u64,
+        reply_to: Recipient<CallEvent>,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        let held = self.kv.get(&call.exec).copied().unwrap_or(0);
+        let cached = if prompt_tokens >= held {
+            held
+        } else {
+            // Compacted: only the shared prefix still matches.
+            self.costs.shared_prefix.min(prompt_tokens)
+        };
+        self.stats.cached_tokens += cached;
+        self.stats.prefilled_tokens += prompt_tokens - cached;
+        let (output, service) = match self.replay.as_ref().and_then(|r| r.call(call)) {
+            Some(c) => (c.output_tokens, c.service),
+            None => {
+                let output = self.costs.output_tokens.draw(cx.rng());
+                let base = self.costs.call_base.draw(cx.rng());
+                let work = base
+                    + (prompt_tokens - cached) * self.costs.prefill_per_token
+                    + output * self.costs.decode_per_token;
+                (output, self.loaded_time(work))
+            }
+        };
+        self.inflight.insert(
+            call,
+            InFlight {
+                attempt,
+                prompt: prompt_tokens,
+                output,
+                reply_to,
+            },
+        );
+        cx.set_timer(EngineTimer::Call(call), service);
     }
 
     /// Serves each call as the recorded run's engine did.
@@ -285,36 +385,21 @@ impl Actor for SimEngine {
                     cx.send(reply_to, CallEvent::Rejected { call, attempt });
                     return;
                 }
-                let held = self.kv.get(&call.exec).copied().unwrap_or(0);
-                let cached = if prompt_tokens >= held {
-                    held
-                } else {
-                    // Compacted: only the shared prefix still matches.
-                    self.costs.shared_prefix.min(prompt_tokens)
-                };
-                self.stats.cached_tokens += cached;
-                self.stats.prefilled_tokens += prompt_tokens - cached;
-                let (output, service) = match self.replay.as_ref().and_then(|r| r.call(call)) {
-                    Some(c) => (c.output_tokens, c.service),
-                    None => {
-                        let output = self.costs.output_tokens.draw(cx.rng());
-                        let base = self.costs.call_base.draw(cx.rng());
-                        let work = base
-                            + (prompt_tokens - cached) * self.costs.prefill_per_token
-                            + output * self.costs.decode_per_token;
-                        (output, self.loaded_time(work))
+                if self.expecting.contains(&call.exec) {
+                    if self.held.get(&call).is_some_and(|h| h.attempt == attempt) {
+                        self.stats.repeats += 1;
+                        return;
                     }
-                };
-                self.inflight.insert(
-                    call,
-                    InFlight {
+                    self.stats.held_for_kv += 1;
+                    let h = Held {
                         attempt,
-                        prompt: prompt_tokens,
-                        output,
+                        prompt_tokens,
                         reply_to,
-                    },
-                );
-                cx.set_timer(EngineTimer::Call(call), service);
+                    };
+                    self.held.insert(call, h);
+                    return;
+                }
+                self.start(call, attempt, prompt_tokens, reply_to, cx);
             }
             EngineReq::StopAdmitting { reply_to } => {
                 self.admitting = false;
@@ -371,16 +456,18 @@ impl Actor for SimEngine {
                     None => self.cancel_all(reply_to, cx),
                 }
             }
-            // The cost model charges a retried call the prefix it holds when
-            // the call arrives; it does not model holding the call for the
-            // read (the embedded engine does: `EngineWorker`).
-            EngineReq::ExpectKv { .. } => {}
+            EngineReq::ExpectKv { exec } => {
+                if self.costs.hold_for_kv && self.is_serving() && self.expecting.insert(exec) {
+                    cx.set_timer(EngineTimer::KvWait(exec), KV_WAIT);
+                }
+            }
             EngineReq::AdoptKv { exec, tokens } => {
                 if self.loaded {
                     self.stats.adopted += 1;
                     let e = self.kv.entry(exec).or_default();
                     *e = (*e).max(tokens);
                 }
+                self.release_held(exec, cx);
             }
             EngineReq::ReleaseKv { execs } => {
                 for exec in execs {
@@ -397,11 +484,14 @@ impl Actor for SimEngine {
                     self.stats.repeats += 1;
                     return cx.send(reply_to, EngineEvent::Unloaded);
                 }
-                if !self.inflight.is_empty() {
+                if !self.inflight.is_empty() || !self.held.is_empty() {
                     self.stats.violations += 1;
                 }
                 if !self.pinned.is_empty() {
                     self.stats.pinned_at_unload += 1;
+                }
+                for (call, attempt, to) in self.drop_held(cx) {
+                    cx.send(to, CallEvent::Cancelled { call, attempt });
                 }
                 self.admitting = false;
                 self.loaded = false;
@@ -468,6 +558,12 @@ impl Actor for SimEngine {
                         output: BlobId::NONE,
                     },
                 );
+            }
+            EngineTimer::KvWait(exec) => {
+                if self.held.keys().any(|c| c.exec == exec) {
+                    self.stats.kv_wait_expired += 1;
+                }
+                self.release_held(exec, cx);
             }
             EngineTimer::Pin => {
                 if let Some((to, blocks)) = self.pending_pin.take() {

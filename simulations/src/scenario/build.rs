@@ -144,6 +144,7 @@ fn costs(s: &Scenario, run: &RunSpec) -> Costs {
     c.engine.load_capacity = 0;
     c.engine.load_slowdown = i.slowdown_at_capacity;
     c.engine.shared_prefix = i.shared_prefix_tokens;
+    c.engine.hold_for_kv = i.hold_for_kv;
 
     // Device memory in MiB.
     let mib = |gib: f64| (gib * 1024.0).round() as u64;

@@ -89,6 +89,14 @@ pub struct InferenceSpec {
     pub slowdown_at_capacity: f64,
     /// Prefix still cached after a compaction (the system prompt).
     pub shared_prefix_tokens: u64,
+    /// A call retried on its destination during a switch waits there for
+    /// its execution's migrated KV blocks (at most `KV_WAIT`) instead of
+    /// prefilling its prefix: SPEC 2.5 step 4, and what the embedded
+    /// engine does. Off by default, the setting the shipped figures were
+    /// measured with; on, six seeds of deepswe-122b and terminalbench-122b
+    /// gave the same speed-ups within their spread (README, session 17).
+    #[serde(default)]
+    pub hold_for_kv: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

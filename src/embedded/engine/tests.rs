@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use gyre_actors::sched::ids::{CallId, EngineIx, ExecId};
-use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq};
+use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KV_WAIT};
 use gyre_actors::sched::proto::payload::Prompt;
 
 use gyre_actors::trajectory::TitoRecord;
@@ -17,7 +17,6 @@ use gyre_runtime::{
 };
 
 use super::record::{call_seed, request};
-use super::worker::KV_WAIT;
 use super::{EngineStats, EngineWorker};
 use crate::embedded::shared::{EngineHandle, Shared, lock};
 

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use gyre_actors::sched::ids::{EngineIx, ExecId, Version};
-use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KvBlocks};
+use gyre_actors::sched::proto::engine::{CallEvent, EngineEvent, EngineReq, KV_WAIT, KvBlocks};
 use gyre_actors::sched::proto::payload::Prompt;
 use gyre_gpu::engine::{Engine, PinId, ReqId};
 use gyre_runtime::{Actor, ActorId, BlobId, Cx, IoError, Nanos, Recipient};
@@ -37,14 +37,6 @@ use gyre_simulations::replay::schema::Op;
 /// A control job is tried this many times when its I/O fails before it
 /// ran (injected faults, shutdown); then it is answered as best it can be.
 const MAX_TRIES: u32 = 3;
-
-/// How long a call whose execution's blocks are on their way (`ExpectKv`)
-/// is held for them before it is served by prefilling instead. The wait
-/// normally ends at `AdoptKv`: the source's cancel, the hand-over and one
-/// read through the transfer engine, milliseconds; the bound only matters
-/// when the hand-over was lost (the source's node died mid-switch), and
-/// then costs the call this much latency once.
-pub const KV_WAIT: Nanos = 5_000_000_000;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum EngineWorkerMsg {

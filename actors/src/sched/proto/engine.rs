@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::sched::ids::{CallId, EngineIx, ExecId, Version};
-use gyre_runtime::{BlobId, Recipient};
+use gyre_runtime::{BlobId, Nanos, Recipient};
 
 /// Pinned KV-cache blocks of one execution's prefix, readable by another
 /// engine through the transfer engine until released.
@@ -15,6 +15,14 @@ pub struct KvBlocks {
     pub engine: EngineIx,
     pub tokens: u64,
 }
+
+/// How long an engine holds a call whose execution's blocks are on their
+/// way ([`EngineReq::ExpectKv`]) before serving it by prefilling instead.
+/// The wait normally ends at [`EngineReq::AdoptKv`]: the source's cancel,
+/// the hand-over and one read through the transfer engine. The bound only
+/// matters when the hand-over was lost (the source's node died
+/// mid-switch), and then costs the call this much latency once.
+pub const KV_WAIT: Nanos = 5_000_000_000;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum EngineReq {
