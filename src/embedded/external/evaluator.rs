@@ -154,13 +154,17 @@ fn evaluate(
 }
 
 /// Runs `cmd` to its end with its stdout and stderr, or kills it after
-/// `timeout`. The pipes are read on threads of their own, so a chatty
-/// command cannot block on a full pipe; on a timeout they are left to end
-/// with whatever still holds the pipes (a child the command started).
+/// `timeout`. The command leads a process group of its own, killed with it
+/// at the timeout and once it has ended: what it left running in the
+/// background (a server its tests started) would otherwise outlive it,
+/// one more per evaluation, and hold its output pipes open. The pipes are
+/// read on threads of their own, so a chatty command cannot block on a
+/// full pipe.
 fn output_within(
     mut cmd: Command,
     timeout: Duration,
 ) -> Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>), String> {
+    use std::os::unix::process::CommandExt;
     if crate::harness::orphans::stopping() {
         return Err("gyre is stopping on a signal".into());
     }
@@ -168,10 +172,17 @@ fn output_within(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("the evaluator did not start: {e}"))?;
-    // A signal that ends gyre ends the command too.
-    let _tracked = crate::harness::orphans::track(child.id(), false);
+    // A signal that ends gyre ends the command's group too.
+    let _tracked = crate::harness::orphans::track(child.id(), true);
+    let group = i32::try_from(child.id()).map(nix::unistd::Pid::from_raw);
+    let kill_group = || {
+        if let Ok(g) = group {
+            let _ = nix::sys::signal::killpg(g, nix::sys::signal::Signal::SIGKILL);
+        }
+    };
     let drain = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
@@ -198,7 +209,7 @@ fn output_within(
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
+                kill_group();
                 let _ = child.wait();
                 return Err(format!(
                     "the evaluator did not finish within {} s and was killed",
@@ -206,9 +217,13 @@ fn output_within(
                 ));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(format!("waiting for the evaluator: {e}")),
+            Err(e) => {
+                kill_group();
+                return Err(format!("waiting for the evaluator: {e}"));
+            }
         }
     };
+    kill_group();
     let join = |t: std::thread::JoinHandle<Vec<u8>>| t.join().unwrap_or_default();
     Ok((status, join(out), join(err)))
 }
@@ -308,6 +323,40 @@ mod tests {
         .unwrap();
         assert!(status.success());
         assert_eq!((out.len(), err), (300_000, b"oops\n".to_vec()));
+    }
+
+    #[test]
+    fn what_a_command_leaves_running_is_killed_with_it() {
+        let tag = format!("gyre-eval-test-{}", std::process::id());
+        let tagged = |script: &str| {
+            let mut c = sh(script);
+            c.env(crate::harness::orphans::RUN_VAR, &tag);
+            c
+        };
+        // Ends at once, leaving a sleeper that holds its stdout: the
+        // answer comes back without waiting for the sleeper.
+        let t = Instant::now();
+        let (status, out, _) =
+            output_within(tagged("sleep 600 & echo 0.5"), Duration::from_secs(30)).unwrap();
+        assert!(status.success());
+        assert_eq!(out, b"0.5\n");
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        // Past its timeout, with a sleeper in the background too.
+        let e = output_within(
+            tagged("sleep 600 & exec sleep 30"),
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(e.contains("was killed"), "{e}");
+        let left = (0..100).find_map(|_| {
+            let left = crate::harness::orphans::find(&tag);
+            if left.is_empty() {
+                return Some(left);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            None
+        });
+        assert_eq!(left, Some(Vec::new()), "processes left running");
     }
 
     #[test]
