@@ -1,14 +1,21 @@
 //! The `gyre` binary: parses the command line, sets up logging, runs the
 //! command.
 
-use anyhow::Result;
-use clap::Parser;
-use gyre::cli::{Cli, logging};
+use std::process::ExitCode;
 
-fn main() -> Result<()> {
+use clap::Parser;
+use gyre::cli::{Cli, logging, report};
+
+fn main() -> ExitCode {
     // First, while this is the only thread (see gyre_gpu::cpu).
     gyre_gpu::cpu::settle();
     let cli = Cli::parse();
     logging::init(cli.log_format);
-    gyre::cli::run(cli)
+    match gyre::cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", report::report(&e));
+            ExitCode::FAILURE
+        }
+    }
 }

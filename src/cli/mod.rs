@@ -6,6 +6,7 @@ pub mod demo;
 pub mod gateway;
 pub mod logging;
 pub mod node;
+pub mod report;
 pub mod sandbox_forward;
 pub mod serve;
 pub mod simulate;
