@@ -42,7 +42,7 @@ fn a_tiny_run_trains_across_processes_and_reports_like_the_one_process_run() {
     // so: with the default's few, the core trained a whole step before a
     // switching cell was ready to join, once the fused kernels had made
     // training fast (session 17: a satellite joined none of 3 steps in
-    // 8 runs of 8 on a fresh VM; with 64, every step of 8 runs, 5 of them
+    // 7 runs of 7 on a fresh VM; with 64, every step of 8 runs, 5 of them
     // beside two busy loops).
     let config = std::env::temp_dir().join(format!("gyre-ct-{}.toml", std::process::id()));
     std::fs::write(&config, "[sched]\nmicro_tokens = 64\n").unwrap();
