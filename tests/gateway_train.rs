@@ -179,6 +179,65 @@ fn of_run(run: &str) -> usize {
     gyre::harness::orphans::find(run).len()
 }
 
+/// A 4-step cluster run of `harness` behind the gateway on `listen`,
+/// checkpointed every step, that a test kills and resumes.
+struct Resumable {
+    dir: tempfile::TempDir,
+    /// The checkpoints and the run's journal.
+    ck: std::path::PathBuf,
+    /// The run's tag (`GYRE_RUN`).
+    run: String,
+    store: std::path::PathBuf,
+    runs: std::path::PathBuf,
+    args: Vec<String>,
+}
+
+fn resumable(harness: &str, listen: &str) -> Resumable {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    std::fs::create_dir_all(&ck).unwrap();
+    let config = dir.path().join("ck.toml");
+    std::fs::write(
+        &config,
+        format!("[checkpoint]\nevery = 1\ndir = \"{}\"\n", ck.display()),
+    )
+    .unwrap();
+    let mut args = gateway_args(dir.path(), "4", harness);
+    let at = args.iter().position(|a| a == "127.0.0.1:0").unwrap();
+    args[at] = listen.to_string();
+    let config = config.display().to_string();
+    args.extend(["--cluster", "local", "--config", &config].map(String::from));
+    Resumable {
+        run: gyre::harness::orphans::tag_of(&ck),
+        store: dir.path().join("store"),
+        runs: dir.path().join("runs"),
+        ck,
+        args,
+        dir,
+    }
+}
+
+/// Waits (4 minutes at most) until `done`, while the `head` still runs.
+fn wait_for(head: &mut std::process::Child, what: &str, mut done: impl FnMut() -> bool) {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        assert!(
+            head.try_wait().unwrap().is_none(),
+            "the run ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// How many updates the run's journal in `ck` holds.
+fn journaled_updates(ck: &std::path::Path) -> usize {
+    std::fs::read_to_string(ck.join("run.jsonl"))
+        .map(|j| j.matches(r#""kind":"update""#).count())
+        .unwrap_or(0)
+}
+
 #[test]
 fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
     // kill -9 of the head of a cluster run with the gateway in front: its
@@ -193,21 +252,15 @@ fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
         return;
     }
     use std::time::{Duration, Instant};
-    let dir = tempfile::tempdir().unwrap();
-    let ck = dir.path().join("ck");
-    std::fs::create_dir_all(&ck).unwrap();
-    let config = dir.path().join("ck.toml");
-    std::fs::write(
-        &config,
-        format!("[checkpoint]\nevery = 1\ndir = \"{}\"\n", ck.display()),
-    )
-    .unwrap();
-    let run = gyre::harness::orphans::tag_of(&ck);
-    let (store, runs) = (dir.path().join("store"), dir.path().join("runs"));
     let harness = format!("sh -c 'sleep 600 & exec python3 {AGENT}'");
-    let mut args = gateway_args(dir.path(), "4", &harness);
-    let config = config.display().to_string();
-    args.extend(["--cluster", "local", "--config", &config].map(String::from));
+    let Resumable {
+        dir: _dir,
+        ck,
+        run,
+        store,
+        runs,
+        args,
+    } = resumable(&harness, "127.0.0.1:0");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
         .args(&args)
@@ -216,24 +269,12 @@ fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("gyre runs");
-    let journal = ck.join("run.jsonl");
-    let updates = || {
-        std::fs::read_to_string(&journal)
-            .map(|j| j.matches(r#""kind":"update""#).count())
-            .unwrap_or(0)
-    };
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while !(updates() >= 2 && of_run(&run) > 0) {
-        assert!(
-            Instant::now() < deadline,
-            "the run never had 2 updates with harnesses running"
-        );
-        assert!(
-            head.try_wait().unwrap().is_none(),
-            "the run ended before it was killed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let updates = || journaled_updates(&ck);
+    wait_for(
+        &mut head,
+        "the run never had 2 updates with harnesses running",
+        || updates() >= 2 && of_run(&run) > 0,
+    );
     head.kill().unwrap();
     head.wait().unwrap();
     let journaled = updates() as u64;
@@ -297,6 +338,118 @@ fn a_killed_heads_gateway_run_resumes_and_leaves_no_harness_of_it_running() {
     }
     // Nothing of the run is left running: neither the lost head's
     // harnesses nor the stragglers of the resumed run's own.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while of_run(&run) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(of_run(&run), 0, "processes of the run still running");
+}
+
+#[test]
+fn a_resumed_head_adopts_the_harnesses_a_killed_head_left_running() {
+    // A warm resume: kill -9 of the head while harnesses run (each pauses
+    // a second before every call and retries through the restart); the
+    // resumed head listens on the same address, adopts every group with
+    // a harness still running (their records go to its executions, their
+    // calls reach its plane) and trains the rest: the adopted harnesses
+    // finish the work they began under the lost head.
+    if python_openai_missing("a_resumed_head_adopts_the_harnesses_a_killed_head_left_running") {
+        return;
+    }
+    use std::time::{Duration, Instant};
+    // The resumed gateway must listen where the lost one did.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let Resumable {
+        dir: _dir,
+        ck,
+        run,
+        store,
+        runs,
+        args,
+    } = resumable(&format!("python3 {AGENT}"), &format!("127.0.0.1:{port}"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent_env = [
+        ("AGENT_TURNS", "8"),
+        ("AGENT_PAUSE", "1"),
+        ("AGENT_MAX_RETRIES", "40"),
+        ("RUST_LOG", "warn"),
+    ];
+    let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(&args)
+        .envs(agent_env)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("gyre runs");
+    let updates = || journaled_updates(&ck);
+    let running = || gyre::harness::orphans::leaders(&run);
+    // After the first update the next groups start (boundary dispatch):
+    // killed 1.5 s later, their harnesses are early in their 8 calls
+    // (the last of the first groups may be ending theirs).
+    wait_for(&mut head, "the run never updated", || updates() >= 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    wait_for(&mut head, "no harnesses ran after the first update", || {
+        running().len() >= 2
+    });
+    head.kill().unwrap();
+    head.wait().unwrap();
+    let left: std::collections::BTreeSet<String> = running().into_keys().collect();
+    assert!(!left.is_empty(), "no harness outlived the head");
+    let lost = Store::open(&store).unwrap().load().unwrap();
+    let calls_of = |calls: &[(String, gyre::gateway::execution::StoredCall)], e: &str| {
+        calls.iter().filter(|(x, _)| x == e).count()
+    };
+
+    let resume = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args([args.as_slice(), &["--resume"]].concat())
+        .envs(agent_env)
+        .output()
+        .expect("gyre runs");
+    assert!(
+        resume.status.success(),
+        "the resume failed: {}",
+        String::from_utf8_lossy(&resume.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&resume.stdout).expect("a JSON report");
+    let adopted = &r["resumed"]["adopted"];
+    let n = |k: &str| adopted[k].as_u64().unwrap_or_else(|| panic!("{k}: {r}"));
+    assert!(n("groups") >= 1 && n("running") >= 1, "{r}");
+    let versions: Vec<u64> = r["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, vec![1, 2, 3, 4], "one update per version: {r}");
+    assert_eq!(r["gateway"]["calls_without_record"], 0, "{r}");
+    // The adopted harnesses went on calling the same gateway executions
+    // (their keys still worked) and finished their work in the lost
+    // head's workspaces.
+    let loaded = Store::open(&store).unwrap().load().unwrap();
+    let went_on: Vec<&String> = left
+        .iter()
+        .filter(|e| calls_of(&loaded.calls, e) > calls_of(&lost.calls, e))
+        .collect();
+    assert!(
+        !went_on.is_empty(),
+        "no adopted harness made a call through the resumed gateway: {r}"
+    );
+    let finished = std::fs::read_dir(runs.join("workspaces"))
+        .unwrap()
+        .filter(|d| d.as_ref().unwrap().path().join("answers.json").is_file())
+        .count();
+    assert!(
+        finished >= went_on.len(),
+        "{finished} answers in the lost head's workspaces"
+    );
+    assert!(
+        loaded.executions.iter().all(|e| e.closed),
+        "executions left open"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while of_run(&run) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));

@@ -700,6 +700,13 @@ fn print_resumed(r: Option<&ResumeReport>) {
             "resumed from the core's checkpoint of version {} ({} earlier resumes; {} journaled updates after the checkpoint made again)",
             r.from_version, r.earlier_resumes, r.lost_updates
         );
+        let a = &r.adopted;
+        if a.groups > 0 {
+            println!(
+                "adopted {} groups of the lost head: {} harnesses still running, {} ended ones scored again, {} recorded calls kept",
+                a.groups, a.running, a.ended, a.records
+            );
+        }
         if r.harnesses_killed > 0 {
             println!(
                 "killed {} harness processes the lost head left running",

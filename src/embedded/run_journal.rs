@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::cluster::{ConfigFileError, EmbeddedConfig};
+use super::external::side::AdoptionReport;
 use super::shared::lock;
 use super::task::{RewardTally, TaskStats, Workspaces};
 use super::trainer::UpdateSummary;
@@ -165,6 +166,9 @@ pub struct ResumeReport {
     /// Harness processes earlier heads left running, killed before this
     /// run started its own ([`crate::harness::orphans`]).
     pub harnesses_killed: u64,
+    /// What of the lost head's running groups this run adopted
+    /// ([`crate::embedded::external::adopt`]).
+    pub adopted: AdoptionReport,
 }
 
 /// A run's journal as opened for it: none without checkpoints; with
@@ -245,6 +249,7 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
         earlier_resumes: resumed.resumes,
         lost_updates: resumed.lost_updates,
         harnesses_killed: 0,
+        adopted: AdoptionReport::default(),
     };
     Ok(Opened {
         journal: Some(journal),

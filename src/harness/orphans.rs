@@ -28,7 +28,25 @@ pub const RUN_VAR: &str = "GYRE_RUN";
 /// The processes whose environment holds `GYRE_RUN=<run>`, this one left
 /// out (it never does, but a user's wrapper might export it).
 pub fn find(run: &str) -> Vec<Pid> {
+    scan(run).into_iter().map(|p| p.pid).collect()
+}
+
+/// One process of a run, as /proc shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunProcess {
+    pub pid: Pid,
+    /// Its `GYRE_EXECUTION`: the gateway execution whose harness it is
+    /// (or a child of).
+    pub execution: Option<String>,
+}
+
+/// The environment variable naming a harness's gateway execution.
+pub const EXECUTION_VAR: &str = "GYRE_EXECUTION";
+
+/// Every process of `run` with the execution it belongs to.
+pub fn scan(run: &str) -> Vec<RunProcess> {
     let wanted = format!("{RUN_VAR}={run}");
+    let exec_prefix = format!("{EXECUTION_VAR}=");
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -49,25 +67,82 @@ pub fn find(run: &str) -> Vec<Pid> {
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        if environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()) {
-            if let Ok(pid) = i32::try_from(pid) {
-                found.push(Pid::from_raw(pid));
-            }
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        if !vars.contains(&wanted.as_bytes()) {
+            continue;
+        }
+        let execution = vars
+            .iter()
+            .find_map(|v| v.strip_prefix(exec_prefix.as_bytes()))
+            .map(|e| String::from_utf8_lossy(e).into_owned());
+        if let Ok(pid) = i32::try_from(pid) {
+            found.push(RunProcess {
+                pid: Pid::from_raw(pid),
+                execution,
+            });
         }
     }
     found
+}
+
+/// Whether `pid` runs (not a zombie) and is still the harness of
+/// `execution` of `run`: a process id reused by another process is not.
+pub fn is_harness_of(pid: Pid, run: &str, execution: &str) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+    let running = stat.is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    });
+    running
+        && scan_one(pid).is_some_and(|vars| {
+            vars.contains(&format!("{RUN_VAR}={run}"))
+                && vars.contains(&format!("{EXECUTION_VAR}={execution}"))
+        })
+}
+
+fn scan_one(pid: Pid) -> Option<Vec<String>> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    Some(
+        environ
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect(),
+    )
+}
+
+/// The process-group leaders of `run`'s harnesses, by execution: the
+/// process a launcher started (each harness leads a group of its own).
+pub fn leaders(run: &str) -> std::collections::BTreeMap<String, Pid> {
+    scan(run)
+        .into_iter()
+        .filter(|p| getpgid(Some(p.pid)).is_ok_and(|g| g == p.pid))
+        .filter_map(|p| Some((p.execution?, p.pid)))
+        .collect()
 }
 
 /// Kills (SIGKILL) every process of `run`, with the process group of each
 /// that leads one (a harness's stragglers); returns how many processes
 /// were found. The caller's own group is never signalled as a group.
 pub fn reap(run: &str) -> usize {
-    reap_pids(run).len()
+    reap_pids(run, &BTreeSet::new()).len()
 }
 
-/// [`reap`], returning the processes it found (and killed).
-fn reap_pids(run: &str) -> Vec<Pid> {
-    let procs = find(run);
+/// [`reap`], sparing the processes of the executions in `keep` (harnesses
+/// a resumed head adopts).
+pub fn reap_except(run: &str, keep: &BTreeSet<String>) -> usize {
+    reap_pids(run, keep).len()
+}
+
+/// [`reap_except`], returning the processes it found (and killed).
+fn reap_pids(run: &str, keep: &BTreeSet<String>) -> Vec<Pid> {
+    let procs: Vec<Pid> = scan(run)
+        .into_iter()
+        .filter(|p| p.execution.as_ref().is_none_or(|e| !keep.contains(e)))
+        .map(|p| p.pid)
+        .collect();
     let ours = getpgrp();
     let mut groups = BTreeSet::new();
     for &pid in &procs {
@@ -189,7 +264,10 @@ pub fn reap_watched() -> usize {
     // moment to die): it keeps the scans going but is counted once.
     let (mut killed, mut done) = (BTreeSet::new(), BTreeSet::new());
     while quiet < 3 && std::time::Instant::now() < deadline {
-        let found: Vec<Pid> = runs.iter().flat_map(|(_, run, _)| reap_pids(run)).collect();
+        let found: Vec<Pid> = runs
+            .iter()
+            .flat_map(|(_, run, _)| reap_pids(run, &BTreeSet::new()))
+            .collect();
         let tracked = kill_tracked(&mut done);
         quiet = if found.is_empty() && tracked == 0 {
             quiet + 1

@@ -18,6 +18,12 @@ over more of the policy's answers. AGENT_MAX_TOKENS (default 4) bounds each
 answer (only its first byte is graded; longer answers keep calls in flight
 longer, so role changes find them there).
 
+AGENT_MAX_RETRIES (default 0) is the SDK's own retry count: a harness
+that must live through a restart of the head (a warm resume adopts it)
+retries refused connections and 503s, with the SDK's backoff, meanwhile.
+AGENT_PAUSE (seconds, default 0) is a think time before every main call
+after the first, so runs last long enough to span such a restart.
+
 AGENT_CRITIQUE_TOKENS (default 0: none) adds a critique call after every
 main answer: the model reviews its answer in up to that many tokens, and
 the next main call reads the review. The call carries `x-gyre-purpose:
@@ -30,6 +36,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 from openai import OpenAI
 
@@ -37,6 +44,8 @@ TURNS = int(os.environ.get("AGENT_TURNS", "3"))
 COMPACT_EVERY = max(1, int(os.environ.get("AGENT_COMPACT_EVERY", "2")))
 MAX_TOKENS = int(os.environ.get("AGENT_MAX_TOKENS", "4"))
 CRITIQUE_TOKENS = int(os.environ.get("AGENT_CRITIQUE_TOKENS", "0"))
+MAX_RETRIES = int(os.environ.get("AGENT_MAX_RETRIES", "0"))
+PAUSE = float(os.environ.get("AGENT_PAUSE", "0"))
 SUB_AGENT_SHARE = 64  # of 256: about one run in four
 
 
@@ -58,12 +67,14 @@ def ask(client: OpenAI, messages: list, max_tokens: int = MAX_TOKENS, critique: 
 
 def main() -> int:
     q = int(os.environ["GYRE_QUERY"])
-    client = OpenAI(max_retries=0, timeout=300)
+    client = OpenAI(max_retries=MAX_RETRIES, timeout=300)
     want = target(q)
     messages = [{"role": "user", "content": f"task {q}"}]
     answers, hits = [], 0
     draw = hashlib.sha256(os.environ.get("GYRE_EXECUTION", "").encode()).digest()[0]
     for turn in range(TURNS):
+        if turn > 0 and PAUSE > 0:
+            time.sleep(PAUSE)
         if turn > 0 and turn % COMPACT_EVERY == 0:
             messages = [
                 {"role": "user", "content": f"task {q}"},

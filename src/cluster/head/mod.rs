@@ -496,20 +496,18 @@ async fn run_head(
             // Until the run has ended its harnesses itself, a SIGINT or
             // SIGTERM ends them (see `orphans::end_on_signal`).
             let _watch = orphans::watch(&run_tag, temporary.then_some(dir.as_path()));
-            let work = match &resumed {
-                Some(r) => {
-                    let killed = orphans::reap(&run_tag) as u64;
-                    if let Some(report) = resume_report.as_mut() {
-                        report.harnesses_killed = killed;
-                    }
-                    dir.join(format!("resume-{}", r.resumes + 1))
-                }
-                None => dir.clone(),
+            let (work, incarnation) = match &resumed {
+                Some(r) => (dir.join(format!("resume-{}", r.resumes + 1)), r.resumes + 1),
+                None => (dir.clone(), 0),
             };
             let side = prepared
-                .open(cfg, &gw, work, run_tag, &shared)
+                .open(cfg, &gw, work, run_tag, incarnation, &shared)
                 .await
                 .map_err(|e| ClusterError::Gateway(e.to_string()))?;
+            if let Some(report) = resume_report.as_mut() {
+                report.harnesses_killed = side.adopted.killed;
+                report.adopted = side.adopted;
+            }
             tracing::info!(gateway = %side.api_base, "gateway listening for harness processes");
             let tap = tokio::spawn(serve_tap(
                 live.clone(),

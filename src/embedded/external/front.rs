@@ -4,7 +4,9 @@
 //! starts its harness through the [`HarnessLauncher`]; when the program
 //! ends it closes the gateway execution (the key stops working) and tells
 //! the bridge. It also relays the proxy's answers to the call streams and
-//! forwards the inbox into the bridge actor in order.
+//! forwards the inbox into the bridge actor in order. In a resumed run it
+//! hands the executions of the groups it adopts ([`super::adopt`]) to the
+//! run's first groups instead of starting their harnesses again.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,11 +19,13 @@ use gyre_runtime::{ActorId, Addr};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use super::adopt::{Adoption, Launched, Member, State, Take, now_ms};
 use super::board::{Board, RunInfo};
 use super::bridge::{BridgeMsg, GatewayHarness, ToFront};
-use super::launcher::{HarnessLauncher, LaunchSpec};
-use super::plane::{Executions, Inbox};
+use super::launcher::{HarnessLauncher, HarnessRun, LaunchSpec};
+use super::plane::{Executions, Inbox, PlaneRecords};
 use super::streams::CallStreams;
+use crate::embedded::shared::lock;
 use crate::embedded::task::TaskConfig;
 use crate::gateway::service::Gateway;
 
@@ -54,7 +58,13 @@ pub struct Front {
     pub dir: PathBuf,
     /// The run's tag every harness gets as `GYRE_RUN`.
     pub run: String,
+    /// 0 for a run's first head, n for its n-th resume.
+    pub incarnation: u64,
     pub runs: HashMap<ExecId, (String, AbortHandle)>,
+    /// The groups a resumed head adopts.
+    pub adoption: Adoption,
+    /// Where records an earlier head committed are handed over.
+    pub records: Arc<PlaneRecords>,
 }
 
 impl Front {
@@ -81,6 +91,9 @@ impl Front {
             h.abort();
             let _ = self.gateway.close_execution(&id);
         }
+        for leader in self.adoption.untaken_leaders() {
+            let _ = nix::sys::signal::killpg(leader, nix::sys::signal::Signal::SIGKILL);
+        }
     }
 
     fn fail(&self, exec: ExecId, why: String) {
@@ -92,16 +105,30 @@ impl Front {
 
     fn begin(&mut self, exec: ExecId, group: GroupId) {
         self.runs.retain(|_, (_, h)| !h.is_finished());
-        let query = self.task.query(group.0);
-        let meta = match self.gateway.create_execution(
-            Some(serde_json::json!({ "query": query })),
-            Some(group.0.to_string()),
-        ) {
-            Ok(m) => m,
-            Err(e) => return self.fail(exec, format!("gateway execution: {}", e.message())),
+        let query = match self.adoption.take(group.0) {
+            Take::Member(m) => return self.adopt(exec, *m),
+            Take::Fresh(q) => q.unwrap_or_else(|| self.task.query(group.0)),
         };
         let workspace = self.dir.join("workspaces").join(format!("e{}", exec.0));
         let logs = self.dir.join("logs");
+        let launched = Launched {
+            query,
+            group: group.0,
+            run: self.run.clone(),
+            incarnation: self.incarnation,
+            api_base: self.api_base.clone(),
+            workspace: workspace.clone(),
+            log: logs.join(format!("e{}.log", exec.0)),
+            started_ms: now_ms(),
+        };
+        let described = serde_json::to_value(&launched).ok();
+        let meta = match self
+            .gateway
+            .create_execution(described, Some(group.0.to_string()))
+        {
+            Ok(m) => m,
+            Err(e) => return self.fail(exec, format!("gateway execution: {}", e.message())),
+        };
         for d in [&workspace, &logs] {
             if let Err(e) = std::fs::create_dir_all(d) {
                 return self.fail(exec, format!("{}: {e}", d.display()));
@@ -125,24 +152,85 @@ impl Front {
             query,
             group: group.0,
             workspace,
-            log: logs.join(format!("e{}.log", exec.0)),
+            log: launched.log,
             run: self.run.clone(),
         });
-        let (gateway, board, inbox, id, executions) = (
+        self.watch(exec, meta.id, run);
+    }
+
+    /// Takes over a member of a group an earlier head left: the records it
+    /// committed go to `exec`, and its harness, still running, is waited
+    /// for (its calls reach `exec` from now on), or, ended, is scored.
+    fn adopt(&mut self, exec: ExecId, m: Member) {
+        self.executions.register(&m.id, exec);
+        let l = &m.launched;
+        self.board.begin(
+            exec,
+            RunInfo {
+                execution: m.id.clone(),
+                query: l.query,
+                workspace: l.workspace.clone(),
+                outcome: None,
+                version: None,
+            },
+        );
+        let records = self
+            .gateway
+            .execution(&m.id)
+            .map(|e| lock(&e).records.clone())
+            .unwrap_or_default();
+        for r in &records {
+            self.records.replay(r);
+        }
+        match m.state {
+            State::Ended(outcome) => {
+                self.executions.finished(exec);
+                let _ = self.gateway.close_execution(&m.id);
+                self.board.finished(exec, outcome);
+                let _ = self.inbox.send(BridgeMsg::Finished { exec, outcome });
+            }
+            State::Running(leader) => {
+                let spec = LaunchSpec {
+                    execution: m.id.clone(),
+                    key: m.key,
+                    api_base: l.api_base.clone(),
+                    query: l.query,
+                    group: l.group,
+                    workspace: l.workspace.clone(),
+                    log: l.log.clone(),
+                    run: self.run.clone(),
+                };
+                let started = l.started();
+                let run = self
+                    .launcher
+                    .adopt(spec, leader, started)
+                    .unwrap_or_else(|| {
+                        // Not this launcher's to wait for: ended like a lost run.
+                        let _ = nix::sys::signal::killpg(leader, nix::sys::signal::Signal::SIGKILL);
+                        Box::pin(async { HarnessOutcome::Failed { complete: true } })
+                    });
+                self.watch(exec, m.id, run);
+            }
+        }
+    }
+
+    /// Finishes `exec` once its harness `run` has ended.
+    fn watch(&mut self, exec: ExecId, id: String, run: HarnessRun) {
+        let (gateway, board, inbox, executions) = (
             self.gateway.clone(),
             self.board.clone(),
             self.inbox.clone(),
-            meta.id.clone(),
             self.executions.clone(),
         );
+        let gateway_id = id.clone();
         let task = tokio::spawn(async move {
             let outcome = run.await;
             executions.finished(exec);
-            let _ = gateway.close_execution(&id);
+            let _ = gateway.close_execution(&gateway_id);
             board.finished(exec, outcome);
             let _ = inbox.send(BridgeMsg::Finished { exec, outcome });
         });
-        self.runs.insert(exec, (meta.id, task.abort_handle()));
+        self.runs.insert(exec, (id, task.abort_handle()));
     }
 
     fn abort(&mut self, exec: ExecId, timed_out: bool) {

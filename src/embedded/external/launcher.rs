@@ -9,18 +9,25 @@
 //! in-tree one: one command per execution, the standard environment, the
 //! workspace as its working directory, a timeout. A fuller runner (process
 //! groups, rlimits, sandboxes, task folders) implements the same trait.
+//!
+//! A harness outlives a head killed by kill -9. [`CommandLauncher`] runs
+//! each command under a small shell that writes its exit code to the
+//! execution's status file ([`LaunchSpec::status`]) when it ends, so a
+//! resumed head that finds the harness still running can adopt it
+//! ([`HarnessLauncher::adopt`]): it is no longer that process's parent, and
+//! the file is how it learns the outcome.
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use gyre_actors::sched::proto::harness::HarnessOutcome;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use crate::harness::orphans::RUN_VAR;
+use crate::harness::orphans::{self, EXECUTION_VAR, RUN_VAR};
 
 /// A running harness: resolves when it has ended; dropped, it is stopped.
 pub type HarnessRun = Pin<Box<dyn Future<Output = HarnessOutcome> + Send>>;
@@ -56,11 +63,17 @@ impl LaunchSpec {
             ("OPENAI_API_KEY", self.key.clone()),
             ("ANTHROPIC_BASE_URL", self.api_base.clone()),
             ("ANTHROPIC_API_KEY", self.key.clone()),
-            ("GYRE_EXECUTION", self.execution.clone()),
+            (EXECUTION_VAR, self.execution.clone()),
             ("GYRE_QUERY", self.query.to_string()),
             ("GYRE_GROUP", self.group.to_string()),
             (RUN_VAR, self.run.clone()),
         ]
+    }
+
+    /// Where the harness's exit code is written when it ends (next to its
+    /// log), for a head that did not start it.
+    pub fn status(&self) -> PathBuf {
+        self.log.with_extension("status")
     }
 
     /// `arg` with `{query}`, `{group}`, `{workspace}` and `{execution}`
@@ -84,7 +97,27 @@ pub trait HarnessLauncher: Send + Sync + 'static {
     fn stopped(&self, execution: &str, timed_out: bool) {
         let _ = (execution, timed_out);
     }
+
+    /// Waits for a harness an earlier head of the run started with `spec`
+    /// at `started` and that still runs as the process-group leader
+    /// `leader`: the same future as [`HarnessLauncher::launch`]'s, under
+    /// what is left of the harness timeout. `None`: this launcher cannot
+    /// learn how such a run ends (the resumed head kills it instead).
+    fn adopt(&self, spec: LaunchSpec, leader: Pid, started: SystemTime) -> Option<HarnessRun> {
+        let _ = (spec, leader, started);
+        None
+    }
+
+    /// Whether [`HarnessLauncher::adopt`] can take over a lost head's runs.
+    fn adopts(&self) -> bool {
+        false
+    }
 }
+
+/// The shell every command runs under: it runs the command (its
+/// arguments after the status path), writes the exit code to the status
+/// file (whole, by a rename) and exits with it.
+const STATUS_WRAPPER: &str = r#"status=$1; shift; "$@"; code=$?; printf '%s\n' "$code" > "$status.tmp" && mv -f "$status.tmp" "$status"; exit $code"#;
 
 /// Runs `argv` (placeholders filled per execution) in the workspace, as
 /// the leader of a process group of its own: when it ends, however it
@@ -108,13 +141,27 @@ impl CommandLauncher {
 
 /// The outcome of an exit status: 0 completed; 126 and 127 (the shell's
 /// cannot-execute and not-found) or a signal a complete failure, nothing to
-/// score; any other failure is scored on what the workspace holds.
+/// score; any other failure is scored on what the workspace holds. Under
+/// the status shell a command killed by signal n exits 128 + n, so codes
+/// 129–192 count as killed by a signal too.
 pub fn outcome_of(status: std::process::ExitStatus) -> HarnessOutcome {
-    match status.code() {
-        Some(0) => HarnessOutcome::Completed,
-        Some(126 | 127) | None => HarnessOutcome::Failed { complete: true },
-        Some(_) => HarnessOutcome::Failed { complete: false },
+    status
+        .code()
+        .map_or(HarnessOutcome::Failed { complete: true }, outcome_of_code)
+}
+
+/// [`outcome_of`] for an exit code.
+pub fn outcome_of_code(code: i32) -> HarnessOutcome {
+    match code {
+        0 => HarnessOutcome::Completed,
+        126 | 127 | 129..=192 => HarnessOutcome::Failed { complete: true },
+        _ => HarnessOutcome::Failed { complete: false },
     }
+}
+
+/// The exit code a status file holds, once the harness has ended.
+fn read_status(path: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 impl HarnessLauncher for CommandLauncher {
@@ -133,8 +180,14 @@ impl HarnessLauncher for CommandLauncher {
                 Ok(f) => f,
                 Err(_) => return HarnessOutcome::Failed { complete: true },
             };
-            let mut cmd = tokio::process::Command::new(&argv[0]);
-            cmd.args(&argv[1..])
+            let status = spec.status();
+            let _ = std::fs::remove_file(&status);
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c")
+                .arg(STATUS_WRAPPER)
+                .arg("gyre-harness")
+                .arg(&status)
+                .args(&argv)
                 .current_dir(&spec.workspace)
                 .envs(spec.env())
                 .stdin(Stdio::null())
@@ -169,6 +222,53 @@ impl HarnessLauncher for CommandLauncher {
             }
         })
     }
+
+    fn adopts(&self) -> bool {
+        true
+    }
+
+    fn adopt(&self, spec: LaunchSpec, leader: Pid, started: SystemTime) -> Option<HarnessRun> {
+        let ran = SystemTime::now()
+            .duration_since(started)
+            .unwrap_or_default();
+        let left = self.timeout.saturating_sub(ran);
+        Some(Box::pin(async move {
+            // Its group dies with the run, as a launched one's does.
+            let _group = GroupGuard(leader);
+            let deadline = tokio::time::Instant::now() + left;
+            loop {
+                if let Some(outcome) = adopted_end(&spec, leader) {
+                    return outcome;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return HarnessOutcome::HarnessTimeout;
+                }
+                tokio::time::sleep(Self::POLL).await;
+            }
+        }))
+    }
+}
+
+impl CommandLauncher {
+    /// How often an adopted harness's status file is looked for.
+    const POLL: Duration = Duration::from_millis(100);
+}
+
+/// How an adopted harness ended: its status file, or, if the process is
+/// gone without writing one, killed (a complete failure); `None` while it
+/// runs.
+fn adopted_end(spec: &LaunchSpec, leader: Pid) -> Option<HarnessOutcome> {
+    if let Some(code) = read_status(&spec.status()) {
+        return Some(outcome_of_code(code));
+    }
+    if orphans::is_harness_of(leader, &spec.run, &spec.execution) {
+        return None;
+    }
+    // It may have written the file just before it went.
+    Some(
+        read_status(&spec.status())
+            .map_or(HarnessOutcome::Failed { complete: true }, outcome_of_code),
+    )
 }
 
 /// Kills a harness's process group when its run ends or is dropped (an
@@ -194,7 +294,7 @@ mod tests {
             group: 13,
             workspace: dir.to_path_buf(),
             log: dir.join("log"),
-            run: "/runs/r1".into(),
+            run: format!("/runs/r1-{}", dir.display()),
         }
     }
 
@@ -259,5 +359,76 @@ mod tests {
             HarnessOutcome::HarnessTimeout
         );
         assert!(CommandLauncher::new(vec![], Duration::from_secs(1)).is_err());
+    }
+
+    /// Starts `script` under the status shell as a launcher would, but as
+    /// a process nobody waits for in the test's stead: what a lost head
+    /// leaves behind.
+    fn orphan(spec: &LaunchSpec, script: &str) -> (std::process::Child, Pid) {
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new("sh")
+            .args(["-c", STATUS_WRAPPER, "gyre-harness"])
+            .arg(spec.status())
+            .args(["sh", "-c", script])
+            .envs(spec.env())
+            .current_dir(&spec.workspace)
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        // Until its exec, the child's environment is still the test's.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !orphans::is_harness_of(pid, &spec.run, &spec.execution) {
+            assert!(std::time::Instant::now() < deadline, "the orphan never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (child, pid)
+    }
+
+    #[tokio::test]
+    async fn an_adopted_harness_ends_by_its_status_file_or_is_killed_at_its_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(dir.path());
+        let l = CommandLauncher::new(vec!["unused".into()], Duration::from_secs(30)).unwrap();
+        let now = SystemTime::now();
+        // It ends by itself: the code it wrote decides.
+        let (_c, leader) = orphan(&spec, "sleep 0.3; exit 3");
+        let run = l.adopt(spec.clone(), leader, now).unwrap();
+        assert_eq!(run.await, HarnessOutcome::Failed { complete: false });
+        assert_eq!(read_status(&spec.status()), Some(3));
+        std::fs::remove_file(spec.status()).unwrap();
+        let (_c, leader) = orphan(&spec, "sleep 0.2");
+        assert_eq!(
+            l.adopt(spec.clone(), leader, now).unwrap().await,
+            HarnessOutcome::Completed
+        );
+        std::fs::remove_file(spec.status()).unwrap();
+        // Killed with its shell: no status, a complete failure.
+        let (_c, leader) = orphan(&spec, "sleep 30");
+        let run = tokio::spawn(l.adopt(spec.clone(), leader, now).unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        killpg(leader, Signal::SIGKILL).unwrap();
+        assert_eq!(
+            run.await.unwrap(),
+            HarnessOutcome::Failed { complete: true }
+        );
+        // Its timeout counts from when the lost head started it: 29.7 of
+        // 30 s had passed, so it is killed, group and all, in 0.3 s.
+        let (mut c, leader) = orphan(&spec, "sleep 300 & sleep 300");
+        let started = now - Duration::from_millis(29_700);
+        let t = std::time::Instant::now();
+        let outcome = l.adopt(spec.clone(), leader, started).unwrap().await;
+        assert_eq!(outcome, HarnessOutcome::HarnessTimeout);
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        let _ = c.wait();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !orphans::find(&spec.run).is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            orphans::find(&spec.run).is_empty(),
+            "the timed-out group still runs"
+        );
+        assert!(read_status(&spec.status()).is_none());
     }
 }

@@ -15,8 +15,10 @@
 //! record (redb first, then its tree) and hands it to the execution
 //! ([`plane::PlaneRecords`]), whose records the trajectory buffer and the
 //! packer train on; the engines write none. The program's exit finishes the
-//! execution; the [`evaluator`] command scores its workspace.
+//! execution; the [`evaluator`] command scores its workspace. A resumed
+//! head adopts the harnesses a lost head left running ([`adopt`]).
 
+pub mod adopt;
 pub mod board;
 pub mod bridge;
 pub mod evaluator;

@@ -79,6 +79,14 @@ impl Executions {
         Some(call)
     }
 
+    /// A record an earlier head committed for `gateway_id`'s call
+    /// `call_id`, handed to the execution that adopts it: a call of its own,
+    /// recorded and never answered here.
+    fn replay(&self, gateway_id: &str, call_id: &str) -> Option<CallId> {
+        self.next_call(gateway_id, call_id)?;
+        self.recorded(gateway_id, call_id)
+    }
+
     /// The proxy answered `call`.
     pub fn answered(&self, call: CallId) {
         lock(&self.ledger).answered.insert(call);
@@ -269,18 +277,34 @@ pub struct PlaneRecords {
     pub board: Arc<Board>,
 }
 
-impl RecordSink for PlaneRecords {
-    fn committed(&self, record: &TitoRecord) {
-        let Some(call) = self.executions.recorded(&record.execution, &record.call_id) else {
-            tracing::warn!(execution = %record.execution, "a record of no plane execution");
-            return;
-        };
+impl PlaneRecords {
+    /// Hands `record`, committed by an earlier head, to the execution that
+    /// adopted its gateway execution (registered already).
+    pub fn replay(&self, record: &TitoRecord) {
+        match self.executions.replay(&record.execution, &record.call_id) {
+            Some(call) => self.hand_over(call, record),
+            None => {
+                tracing::warn!(execution = %record.execution, "a replayed record of no plane execution")
+            }
+        }
+    }
+
+    fn hand_over(&self, call: CallId, record: &TitoRecord) {
         self.board.recorded(call.exec, record.policy_version);
         match put_encoded(&*self.blobs, record) {
             Ok(blob) => {
                 let _ = self.inbox.send(BridgeMsg::Recorded { call, record: blob });
             }
             Err(error) => tracing::error!(%error, "a record does not encode"),
+        }
+    }
+}
+
+impl RecordSink for PlaneRecords {
+    fn committed(&self, record: &TitoRecord) {
+        match self.executions.recorded(&record.execution, &record.call_id) {
+            Some(call) => self.hand_over(call, record),
+            None => tracing::warn!(execution = %record.execution, "a record of no plane execution"),
         }
     }
 }

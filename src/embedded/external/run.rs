@@ -152,7 +152,7 @@ async fn run_async(
     // ends them (see `orphans::end_on_signal`).
     let _watch = orphans::watch(&run_tag, temporary.then_some(dir.as_path()));
     let mut gateway = prepared
-        .open(cfg, &opts, dir.clone(), run_tag, &parts.shared)
+        .open(cfg, &opts, dir.clone(), run_tag, 0, &parts.shared)
         .await?;
     started(&gateway.api_base);
     gateway.attach(node.clone(), parts.backends.harness);

@@ -24,6 +24,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::adopt::{self, Adoption, Plan};
 use super::board::Board;
 use super::bridge::{BridgeMsg, GatewayHarness, ToFront};
 use super::evaluator::{CommandEvaluator, WorkspaceScorer};
@@ -39,6 +40,7 @@ use crate::gateway::embedded::renderer_for_vocab;
 use crate::gateway::parse::ToolFormat;
 use crate::gateway::service::{Gateway, GatewayConfig};
 use crate::gateway::store::Store;
+use crate::harness::orphans;
 
 /// The harness and evaluator of external processes behind the gateway.
 pub struct ExternalTask {
@@ -90,8 +92,28 @@ pub struct GatewayCounters {
 /// Where the bridge's requests arrive: the probe's id and its receiver.
 type FrontProbe = (ActorId, mpsc::Receiver<(ActorId, ToFront)>);
 
+/// What a resumed head took over from the lost one ([`super::adopt`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AdoptionReport {
+    /// Groups adopted: the resumed run's first groups.
+    pub groups: u64,
+    /// Harnesses adopted while running.
+    pub running: u64,
+    /// Ended members of adopted groups, scored again.
+    pub ended: u64,
+    /// Calls the adopted members had recorded under the lost head, kept
+    /// for training rather than made again.
+    pub records: u64,
+    /// Groups with a running harness beyond the run's first dispatch.
+    pub groups_left: u64,
+    /// Harness processes of the run killed (not adopted).
+    pub killed: u64,
+}
+
 /// The gateway in front of a run's executions (see the module's doc).
 pub struct GatewaySide {
+    /// What this head adopted of a lost head's runs (zeros unless resumed).
+    pub adopted: AdoptionReport,
     pub gateway: Arc<Gateway>,
     pub streams: Arc<CallStreams>,
     pub board: Arc<Board>,
@@ -143,13 +165,17 @@ impl Prepared {
     /// Builds the gateway over the run's payload store and published
     /// weights (`shared`) and binds its listener; workspaces and logs go
     /// under `dir`, and every harness is told `run`
-    /// ([`crate::harness::orphans`]).
+    /// ([`crate::harness::orphans`]). `incarnation` is 0 for a run's first
+    /// head and n for its n-th resume, which adopts the groups the lost
+    /// head left running where it can ([`super::adopt`]) and kills the
+    /// rest of its harnesses.
     pub async fn open(
         self,
         cfg: &EmbeddedConfig,
         opts: &GatewayOptions,
         dir: PathBuf,
         run: String,
+        incarnation: u64,
         shared: &Shared,
     ) -> Result<GatewaySide, GatewayRunError> {
         let Prepared {
@@ -184,27 +210,60 @@ impl Prepared {
         };
         // The policy's own vocabulary: the byte game's bytes, or the shipped BPE.
         let renderer = renderer_for_vocab(Some(cfg.model.vocab)).map_err(|e| gw(&e))?;
+        let records = Arc::new(PlaneRecords {
+            inbox: inbox.clone(),
+            executions: executions.clone(),
+            blobs,
+            board: board.clone(),
+        });
         let gateway = Gateway::new(Arc::new(engine), renderer, store, config)
             .map_err(|e| gw(&e))?
-            .with_record_sink(Arc::new(PlaneRecords {
-                inbox: inbox.clone(),
-                executions: executions.clone(),
-                blobs,
-                board: board.clone(),
-            }));
+            .with_record_sink(records.clone());
+        let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+        let api_base = format!("http://{}", listener.local_addr()?);
+        // A resume adopts what it can of the lost head's running groups and
+        // kills the other harnesses of the run.
+        let metas = gateway.list_executions();
+        let (plan, killed) = if incarnation == 0 {
+            (Plan::default(), 0)
+        } else {
+            let plan = if opts.launcher.adopts() {
+                let first = cfg.sched.validate().map_or(0, |d| {
+                    d.over_groups + u64::from(cfg.sched.mu) * u64::from(cfg.sched.batch_groups)
+                });
+                adopt::plan(
+                    &metas,
+                    &orphans::leaders(&run),
+                    |p| std::fs::read_to_string(p).ok()?.trim().parse().ok(),
+                    &run,
+                    &api_base,
+                    first as usize,
+                )
+            } else {
+                Plan::default()
+            };
+            let killed = orphans::reap_except(&run, &plan.running) as u64;
+            (plan, killed)
+        };
         // Executions read back from the store still open belong to an
-        // earlier run or to a lost head of this one: their harnesses are
-        // gone (a resume kills them first), so their keys stop working.
-        for (meta, _) in gateway.list_executions() {
-            if !meta.closed {
+        // earlier run or to a lost head of this one: unless adopted, their
+        // harnesses are gone, so their keys stop working.
+        for (meta, _) in metas {
+            if !meta.closed && !plan.running.contains(&meta.id) {
                 gateway
                     .close_execution(&meta.id)
                     .map_err(|e| gw(&e.message()))?;
             }
         }
+        let adopted = AdoptionReport {
+            groups: plan.groups.len() as u64,
+            running: plan.running.len() as u64,
+            ended: plan.ended,
+            records: plan.records,
+            groups_left: plan.groups_left,
+            killed,
+        };
         let gateway = Arc::new(gateway);
-        let listener = tokio::net::TcpListener::bind(opts.listen).await?;
-        let api_base = format!("http://{}", listener.local_addr()?);
         let server = tokio::spawn({
             let router = crate::gateway::http::api_router(gateway.clone());
             async move { axum::serve(listener, router).await }
@@ -220,9 +279,13 @@ impl Prepared {
             api_base: api_base.clone(),
             dir,
             run,
+            incarnation,
             runs: Default::default(),
+            adoption: Adoption::new(&plan),
+            records,
         };
         Ok(GatewaySide {
+            adopted,
             gateway,
             streams,
             board,
