@@ -387,14 +387,17 @@ fn a_resumed_head_adopts_the_harnesses_a_killed_head_left_running() {
         .expect("gyre runs");
     let updates = || journaled_updates(&ck);
     let running = || gyre::harness::orphans::leaders(&run);
-    // After the first update the next groups start (boundary dispatch):
-    // killed 1.5 s later, their harnesses are early in their 8 calls
-    // (the last of the first groups may be ending theirs).
+    // After the first update the next groups start (boundary dispatch)
+    // as slots free: killed a second after two of their harnesses began,
+    // those are early in their 8 calls.
     wait_for(&mut head, "the run never updated", || updates() >= 1);
-    std::thread::sleep(Duration::from_millis(1500));
-    wait_for(&mut head, "no harnesses ran after the first update", || {
-        running().len() >= 2
-    });
+    let before: std::collections::BTreeSet<String> = running().into_keys().collect();
+    wait_for(
+        &mut head,
+        "no harnesses began after the first update",
+        || running().keys().filter(|e| !before.contains(*e)).count() >= 2,
+    );
+    std::thread::sleep(Duration::from_secs(1));
     head.kill().unwrap();
     head.wait().unwrap();
     let left: std::collections::BTreeSet<String> = running().into_keys().collect();
@@ -416,6 +419,7 @@ fn a_resumed_head_adopts_the_harnesses_a_killed_head_left_running() {
     );
     let r: serde_json::Value = serde_json::from_slice(&resume.stdout).expect("a JSON report");
     let adopted = &r["resumed"]["adopted"];
+    eprintln!("adopted: {adopted}");
     let n = |k: &str| adopted[k].as_u64().unwrap_or_else(|| panic!("{k}: {r}"));
     assert!(n("groups") >= 1 && n("running") >= 1, "{r}");
     let versions: Vec<u64> = r["updates"]
@@ -450,6 +454,58 @@ fn a_resumed_head_adopts_the_harnesses_a_killed_head_left_running() {
         loaded.executions.iter().all(|e| e.closed),
         "executions left open"
     );
+    // No group trained twice in the model's history, checked from the
+    // journal and the store: the groups each step's last sealing names
+    // are distinct, and no adopted execution came from a group a step the
+    // checkpoint held had trained.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(ck.join("run.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let resume_at = lines.iter().position(|l| l["kind"] == "resume").unwrap();
+    let from = lines[resume_at]["version"].as_u64().unwrap();
+    let sealings = |lines: &[serde_json::Value]| {
+        let mut by_step = std::collections::BTreeMap::new();
+        for l in lines.iter().filter(|l| l["kind"] == "sealed") {
+            let i = l["incarnation"].as_u64().unwrap();
+            let groups: Vec<(u64, u64)> = l["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| (i, g.as_u64().unwrap()))
+                .collect();
+            by_step.insert(l["step"].as_u64().unwrap(), groups);
+        }
+        by_step
+    };
+    let durable: std::collections::BTreeSet<(u64, u64)> = sealings(&lines[..resume_at])
+        .range(..from)
+        .flat_map(|(_, g)| g.clone())
+        .collect();
+    let history = sealings(&lines);
+    assert_eq!(history.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    let trained: Vec<(u64, u64)> = history.values().flatten().copied().collect();
+    let distinct: std::collections::BTreeSet<_> = trained.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        trained.len(),
+        "a group trained twice: {history:?}"
+    );
+    let adopted: Vec<gyre::embedded::external::adopt::Launched> = loaded
+        .executions
+        .iter()
+        .filter_map(gyre::embedded::external::adopt::Launched::of)
+        .filter(|l| !l.adopted_from.is_empty())
+        .collect();
+    assert!(adopted.len() as u64 >= n("running"), "{r}");
+    for l in &adopted {
+        assert_eq!(l.incarnation, 1);
+        assert!(
+            l.adopted_from.iter().all(|g| !durable.contains(g)),
+            "adopted from a trained group: {l:?} ({durable:?})"
+        );
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     while of_run(&run) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));

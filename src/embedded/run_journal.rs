@@ -15,7 +15,7 @@
 //! goes on, so a crash leaves at most a torn last line, which is ignored
 //! (and logged); a bad line anywhere else is refused, naming it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -94,6 +94,15 @@ pub enum Line {
     /// The run trained its last step (and, where one was due, the core's
     /// checkpoint of it is durable): there is nothing to resume.
     Finished { version: u64 },
+    /// The head of `incarnation` (0 for the run's first, n for its n-th
+    /// resume) sealed step `step`'s batch from these groups (that head's
+    /// group ids): once the step's update is in a checkpoint they are
+    /// trained for good, so a later resume never adopts them.
+    Sealed {
+        incarnation: u64,
+        step: u64,
+        groups: Vec<u64>,
+    },
 }
 
 /// What an earlier head journaled, as a resumed head starts from.
@@ -109,6 +118,9 @@ pub struct Resumed {
     /// The reward tallies of the versions up to the checkpoint's, as the
     /// earlier runs scored them.
     pub rewards: BTreeMap<u64, RewardTally>,
+    /// (incarnation, group) of every group a step the checkpoint holds
+    /// trained (the last sealing of each step counts).
+    pub trained: BTreeSet<(u64, u64)>,
 }
 
 impl Resumed {
@@ -469,6 +481,7 @@ impl RunJournal {
         }
         let mut resumed = Resumed::default();
         let mut history: Vec<UpdateSummary> = Vec::new();
+        let mut sealed: BTreeMap<u64, (u64, &[u64])> = BTreeMap::new();
         for line in &lines[1..] {
             match line {
                 Line::Update(u) => {
@@ -493,8 +506,22 @@ impl RunJournal {
                 }
                 Line::Finished { .. } => {}
                 Line::Run { .. } => {}
+                // A step sealed again (after a resume) trained the new
+                // batch, not the lost one.
+                Line::Sealed {
+                    incarnation,
+                    step,
+                    groups,
+                } => {
+                    sealed.insert(*step, (*incarnation, groups));
+                }
             }
         }
+        // Step s makes version s + 1.
+        resumed.trained = sealed
+            .range(..version)
+            .flat_map(|(_, (i, groups))| groups.iter().map(move |g| (*i, *g)))
+            .collect();
         // Executions under versions past the checkpoint ran policies the
         // resume discards.
         resumed.rewards.retain(|v, _| *v <= version);
@@ -617,6 +644,35 @@ mod tests {
         let (_, r) = RunJournal::resume(&d, "abc", 10, 6).unwrap();
         assert_eq!(r.updates.len(), 6);
         assert_eq!((r.lost_updates, r.resumes), (1, 1));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_groups_a_checkpointed_step_trained_are_the_last_sealing_of_it() {
+        let d = dir("sealed");
+        let mut j = RunJournal::create(&d, "abc", 10).unwrap();
+        let seal = |incarnation, step, groups: &[u64]| Line::Sealed {
+            incarnation,
+            step,
+            groups: groups.to_vec(),
+        };
+        for (step, groups) in [(0, [0, 1]), (1, [2, 3]), (2, [4, 5])] {
+            j.append(&seal(0, step, &groups)).unwrap();
+            j.append(&Line::Update(update(step + 1))).unwrap();
+        }
+        drop(j);
+        // The checkpoint holds version 2: steps 0 and 1.
+        let (mut j, r) = RunJournal::resume(&d, "abc", 10, 2).unwrap();
+        let set = |v: &[(u64, u64)]| v.iter().copied().collect::<BTreeSet<_>>();
+        assert_eq!(r.trained, set(&[(0, 0), (0, 1), (0, 2), (0, 3)]));
+        // The resumed head seals step 2 again from its own groups.
+        j.append(&seal(1, 2, &[0, 7])).unwrap();
+        j.append(&Line::Update(update(3))).unwrap();
+        drop(j);
+        let (_, r) = RunJournal::resume(&d, "abc", 10, 3).unwrap();
+        assert!(r.trained.contains(&(1, 7)) && r.trained.contains(&(1, 0)));
+        assert!(!r.trained.contains(&(0, 4)), "the lost sealing of step 2");
+        assert_eq!(r.trained.len(), 6);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -239,6 +239,26 @@ impl Gateway {
         out
     }
 
+    /// Replaces what the execution's row says of its query (durably): a
+    /// resumed head relabels the executions it adopts.
+    pub fn describe_execution(
+        &self,
+        id: &str,
+        query: serde_json::Value,
+    ) -> Result<ExecutionMeta, CallError> {
+        let exec = self
+            .execution(id)
+            .ok_or_else(|| CallError::NotFound(format!("no execution {id}")))?;
+        let mut e = lock(&exec);
+        let mut meta = e.meta.clone();
+        meta.query = Some(query);
+        self.store
+            .put_execution(&meta)
+            .map_err(|e| CallError::Internal(e.to_string()))?;
+        e.meta = meta.clone();
+        Ok(meta)
+    }
+
     pub fn close_execution(&self, id: &str) -> Result<ExecutionMeta, CallError> {
         let exec = self
             .execution(id)

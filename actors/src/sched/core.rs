@@ -36,7 +36,7 @@ use gyre_runtime::{Actor, ActorId, Addr, Cx, Nanos, Recipient};
 use crate::sched::ids::{GroupId, MicroStepId, Step, Version};
 use crate::sched::maths::prefix::comm_group_for;
 use crate::sched::msg::cell::CellMsg;
-pub use crate::sched::msg::core::{CoreMsg, StepRecord, TrainedGroup};
+pub use crate::sched::msg::core::{CoreMsg, SealedBatch, StepRecord, TrainedGroup};
 use crate::sched::msg::packer::PackerMsg;
 use crate::sched::proto::Port;
 use crate::sched::proto::trainer::{TrainerEvent, TrainerReq};

@@ -30,11 +30,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, Addr, BlobId, BlobStore, Cx, put_encoded};
+use gyre_runtime::{Actor, ActorId, Addr, BlobId, BlobStore, Cx, Recipient, put_encoded};
 use rand::Rng;
 
 use crate::sched::buffer::{Buffer, BufferMsg};
-use crate::sched::core::{Core, CoreMsg, TrainedGroup};
+use crate::sched::core::{Core, CoreMsg, SealedBatch, TrainedGroup};
 use crate::sched::ids::{ExecId, GroupId, MicroStepId, Step, Version};
 use crate::sched::maths::supply::supply;
 pub use crate::sched::msg::packer::PackerMsg;
@@ -138,6 +138,8 @@ pub struct Packer {
     /// Those of trained steps whose updates are not durable yet (with
     /// `keep_until_durable`).
     undurable: BTreeMap<Step, Vec<BlobId>>,
+    /// Told each sealed batch's groups.
+    observer: Option<Recipient<SealedBatch>>,
     stats: PackerStats,
 }
 
@@ -163,6 +165,7 @@ impl Packer {
             blobs: None,
             put: BTreeMap::new(),
             undurable: BTreeMap::new(),
+            observer: None,
             stats: PackerStats::default(),
         }
     }
@@ -177,6 +180,12 @@ impl Packer {
     /// Trains from `source` instead of the evaluator's token counts.
     pub fn with_source(mut self, source: Box<dyn SampleSource>) -> Self {
         self.source = source;
+        self
+    }
+
+    /// Tells `observer` the groups of every batch it seals.
+    pub fn with_observer(mut self, observer: Option<Recipient<SealedBatch>>) -> Self {
+        self.observer = observer;
         self
     }
 
@@ -418,6 +427,10 @@ impl Packer {
         let step = self.step;
         let total = self.msteps.len() as u32;
         cx.send(self.links.queue, QueueMsg::Close { step, total });
+        if let Some(observer) = self.observer {
+            let groups = self.selected.iter().map(|g| g.group).collect();
+            cx.send(observer, SealedBatch { step, groups });
+        }
         let packer = cx.recipient();
         cx.send(
             self.links.core,

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gyre_actors::sched::ConfigError;
+use gyre_actors::sched::core::SealedBatch;
 use gyre_actors::sched::plan::BackendFactory;
 use gyre_actors::sched::proto::engine::EngineReq;
 use gyre_actors::sched::scheduler::{Backends, Scheduler};
@@ -51,7 +52,7 @@ use crate::embedded::cluster::{
 };
 use crate::embedded::external::GatewayOptions;
 use crate::embedded::external::bridge::ToFront;
-use crate::embedded::external::side::{self, GatewayCounters, GatewaySide};
+use crate::embedded::external::side::{self, GatewayCounters, GatewaySide, Incarnation};
 use crate::embedded::live::LiveReport;
 use crate::embedded::run_journal::{
     self, JournalError, Line, Opened, Resumed, RewardsSeen, RunJournal,
@@ -496,12 +497,21 @@ async fn run_head(
             // Until the run has ended its harnesses itself, a SIGINT or
             // SIGTERM ends them (see `orphans::end_on_signal`).
             let _watch = orphans::watch(&run_tag, temporary.then_some(dir.as_path()));
-            let (work, incarnation) = match &resumed {
-                Some(r) => (dir.join(format!("resume-{}", r.resumes + 1)), r.resumes + 1),
-                None => (dir.clone(), 0),
+            let at = match &resumed {
+                Some(r) => Incarnation {
+                    dir: dir.join(format!("resume-{}", r.resumes + 1)),
+                    run: run_tag,
+                    number: r.resumes + 1,
+                    trained: r.trained.clone(),
+                },
+                None => Incarnation {
+                    dir: dir.clone(),
+                    run: run_tag,
+                    ..Default::default()
+                },
             };
             let side = prepared
-                .open(cfg, &gw, work, run_tag, incarnation, &shared)
+                .open(cfg, &gw, at, &shared)
                 .await
                 .map_err(|e| ClusterError::Gateway(e.to_string()))?;
             if let Some(report) = resume_report.as_mut() {
@@ -672,6 +682,7 @@ impl HeadRun<'_> {
                 earlier: resumed.map(|r| r.updates.clone()).unwrap_or_default(),
                 stats,
                 rewards: RewardsSeen::default(),
+                incarnation: resumed.map_or(0, |r| r.resumes + 1),
             },
             progress,
         )
@@ -717,6 +728,21 @@ struct Journaled<'a> {
     /// The task's tallies now.
     stats: &'a (dyn Fn() -> TaskStats + Send + Sync),
     rewards: RewardsSeen,
+    /// 0 for the run's first head, n for its n-th resume.
+    incarnation: u64,
+}
+
+impl Journaled<'_> {
+    fn seal(&mut self, sealed: SealedBatch) -> Result<(), JournalError> {
+        let Some(j) = self.journal.as_deref_mut() else {
+            return Ok(());
+        };
+        j.append(&Line::Sealed {
+            incarnation: self.incarnation,
+            step: sealed.step,
+            groups: sealed.groups.iter().map(|g| g.0).collect(),
+        })
+    }
 }
 
 /// Where the core's updates arrive, where the engines' tokens go (a run
@@ -834,7 +860,11 @@ async fn drive<T: TaskBackends>(
     sched.rejoin_notices = true;
     // The prefix's ring fails without a lost member: collect again.
     sched.reduce_needs_members = true;
-    let sched = live.spawn(Scheduler::new(sched, ports)?);
+    // The groups each batch is sealed from, journaled: a head resumed
+    // from a checkpoint knows which groups it holds trained.
+    let (sealed_addr, mut sealed_rx) = live.probe::<SealedBatch>(1024);
+    let sched =
+        live.spawn(Scheduler::new(sched, ports)?.with_sealed_observer(Recipient::of(sealed_addr)));
     head.running = Some(Instant::now());
     let mut run = rejoin::Running {
         config: config_text.to_string(),
@@ -854,8 +884,16 @@ async fn drive<T: TaskBackends>(
     progress(updates.len() as u64, target);
     while (updates.len() as u64) < target {
         tokio::select! {
+            Some((_, sealed)) = sealed_rx.recv() => {
+                journaled.seal(sealed)?;
+            }
             u = tokio::time::timeout(opts.stall, updates_rx.recv()) => match u {
                 Ok(Some((_, u))) => {
+                    // A step's batch is sealed long before its update
+                    // arrives: its groups are journaled first.
+                    while let Ok((_, sealed)) = sealed_rx.try_recv() {
+                        journaled.seal(sealed)?;
+                    }
                     // Journaled before it is logged: a log line means the
                     // update is on disk (the kill tests count on it).
                     if let Some(j) = journaled.journal.as_deref_mut() {

@@ -10,18 +10,22 @@
 //! [`super::launcher`]); and /proc shows which harnesses still run (their
 //! environment names the run and the execution).
 //!
-//! The rule: a group of the lost head with a harness still running was
-//! never trained (a group trains only once every member has ended), so the
-//! whole group is adopted: its running members are waited for, its ended
-//! ones (status written) are scored again from their workspaces, and its
-//! members that never started or were killed are started afresh on the
-//! group's query. A group whose members had all ended may have been
-//! trained already: it is not adopted (its work is redone, never trained
-//! twice). Adopted groups become the resumed run's first groups, which its
-//! boundary dispatch sends at once ((φ+μ)·B of them, no fewer than a head
-//! ever has in flight), oldest first. The harnesses must reach the resumed
-//! gateway where they reached the lost one: only executions launched with
-//! the resumed head's API address are adopted.
+//! The rule: a group of a lost head is adopted whole unless a step the
+//! checkpoint holds trained it (the journal names each step's groups:
+//! `Line::Sealed`), provided something of it is left: a harness still
+//! running, or members that ended by themselves (status written). Its
+//! running members are waited for, its ended ones are scored again from
+//! their workspaces, and its members that never started or were killed
+//! are started afresh on the group's query. So a group waiting in the
+//! lost head's buffer, or trained by an update the checkpoint does not
+//! hold, is trained again from the same work, and none twice. Adopted
+//! groups become the resumed run's first groups, which its boundary
+//! dispatch sends at once ((φ+μ)·B of them), oldest first; the rest are
+//! redone. A running harness must reach the resumed gateway where it
+//! reached the lost one: it is adopted only if it was launched with the
+//! resumed head's API address (otherwise it is killed). Each adopted
+//! execution is relabelled with the resumed head's incarnation and group,
+//! so a later resume judges it by that head's journal.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -50,6 +54,10 @@ pub struct Launched {
     pub log: PathBuf,
     /// Unix milliseconds.
     pub started_ms: u64,
+    /// The (incarnation, group) labels it had before heads adopted it,
+    /// oldest first: what an audit checks no checkpointed step trained.
+    #[serde(default)]
+    pub adopted_from: Vec<(u64, u64)>,
 }
 
 impl Launched {
@@ -106,22 +114,24 @@ pub struct Plan {
     pub ended: u64,
     /// The records of every adopted member.
     pub records: u64,
-    /// Groups with a running harness beyond the resumed run's first
-    /// dispatch (their harnesses are killed).
+    /// Adoptable groups beyond the resumed run's first dispatch (redone;
+    /// their harnesses are killed).
     pub groups_left: u64,
 }
 
 /// The adoption plan over the store's `executions` (each with its
-/// records' count), given the harness
-/// process-group leaders that run (`leaders`, by execution), what each
-/// status file holds (`status`), the run's tag, the resumed gateway's
-/// address and how many groups the resumed run dispatches first.
+/// records' count), given the harness process-group leaders that run
+/// (`leaders`, by execution), what each status file holds (`status`), the
+/// run's tag, the resumed gateway's address, the groups the checkpoint
+/// holds trained (`trained`: (incarnation, group)) and how many groups the
+/// resumed run dispatches first.
 pub fn plan(
     executions: &[(ExecutionMeta, usize)],
     leaders: &BTreeMap<String, Pid>,
     status: impl Fn(&Path) -> Option<i32>,
     run: &str,
     api_base: &str,
+    trained: &BTreeSet<(u64, u64)>,
     max_groups: usize,
 ) -> Plan {
     let mut groups: BTreeMap<(u64, u64), Vec<Member>> = BTreeMap::new();
@@ -129,32 +139,28 @@ pub fn plan(
         let Some(launched) = Launched::of(meta) else {
             continue;
         };
-        if launched.run != run || launched.api_base != api_base {
+        let id = (launched.incarnation, launched.group);
+        if launched.run != run || trained.contains(&id) {
             continue;
         }
         let ended = status(&launched.log.with_extension("status"));
         let state = match (ended, leaders.get(&meta.id)) {
             (Some(code), _) => State::Ended(outcome_of_code(code)),
-            (None, Some(&pid)) => State::Running(pid),
-            // Killed (an abort, a timeout, the head's end): not adopted.
-            (None, None) => continue,
+            (None, Some(&pid)) if launched.api_base == api_base => State::Running(pid),
+            // Killed (an abort, a timeout, the head's end), or calling
+            // another address: not adopted.
+            _ => continue,
         };
-        groups
-            .entry((launched.incarnation, launched.group))
-            .or_default()
-            .push(Member {
-                id: meta.id.clone(),
-                key: meta.key.clone(),
-                launched,
-                state,
-                records: *records as u64,
-            });
+        groups.entry(id).or_default().push(Member {
+            id: meta.id.clone(),
+            key: meta.key.clone(),
+            launched,
+            state,
+            records: *records as u64,
+        });
     }
     let mut out = Plan::default();
     for (_, mut members) in groups {
-        if !members.iter().any(|m| matches!(m.state, State::Running(_))) {
-            continue;
-        }
         if out.groups.len() >= max_groups {
             out.groups_left += 1;
             continue;
@@ -249,6 +255,7 @@ mod tests {
             workspace: format!("/w/{id}").into(),
             log: format!("/l/{id}.log").into(),
             started_ms: id.len() as u64,
+            adopted_from: Vec::new(),
         };
         ExecutionMeta {
             id: id.into(),
@@ -260,19 +267,23 @@ mod tests {
     }
 
     #[test]
-    fn groups_with_a_running_harness_are_adopted_whole_and_no_other() {
+    fn untrained_groups_with_work_left_are_adopted_whole_and_no_other() {
         let api = "http://127.0.0.1:7000";
         let execs = vec![
             // Group (0, 1): one running, one ended, one killed.
             meta("a", 0, 1, api),
             meta("bb", 0, 1, api),
             meta("ccc", 0, 1, api),
-            // Group (0, 2): all ended (maybe trained): not adopted.
+            // Group (0, 2): ended, trained by a checkpointed step.
             meta("d", 0, 2, api),
+            // Group (0, 6): ended, not trained (in the buffer, or a lost
+            // step's): adopted.
+            meta("dd", 0, 6, api),
             // Group (1, 0) of a later head: running.
             meta("e", 1, 0, api),
-            // Another address, another run, an old row: not adoptable.
+            // Running, but calling another address: killed.
             meta("f", 1, 3, "http://127.0.0.1:7001"),
+            // An old row without what adoption needs.
             ExecutionMeta {
                 query: Some(serde_json::json!({"query": 3})),
                 ..meta("g", 0, 4, api)
@@ -292,17 +303,17 @@ mod tests {
             .collect();
         let status = |p: &Path| match p.to_str().unwrap() {
             "/l/bb.status" => Some(0),
-            "/l/d.status" => Some(1),
+            "/l/d.status" | "/l/dd.status" => Some(1),
             _ => None,
         };
-        let p = plan(&execs, &leaders, status, "/r", api, 8);
-        assert_eq!(p.groups.len(), 2);
+        let trained: BTreeSet<(u64, u64)> = [(0, 2)].into();
+        let p = plan(&execs, &leaders, status, "/r", api, &trained, 8);
         let ids: Vec<Vec<&str>> = p
             .groups
             .iter()
             .map(|g| g.members.iter().map(|m| m.id.as_str()).collect())
             .collect();
-        assert_eq!(ids, vec![vec!["a", "bb"], vec!["e"]]);
+        assert_eq!(ids, vec![vec!["a", "bb"], vec!["dd"], vec!["e"]]);
         assert_eq!(p.groups[0].query, 10);
         assert_eq!(p.groups[0].members[0].state, State::Running(pid(11)));
         assert_eq!(
@@ -310,15 +321,22 @@ mod tests {
             State::Ended(HarnessOutcome::Completed)
         );
         assert_eq!(
+            p.groups[1].members[0].state,
+            State::Ended(HarnessOutcome::Failed { complete: false })
+        );
+        assert_eq!(
             p.running,
             ["a", "e"].into_iter().map(String::from).collect()
         );
-        assert_eq!((p.ended, p.groups_left, p.records), (1, 0, 6));
+        assert_eq!((p.ended, p.groups_left, p.records), (2, 0, 8));
         // Beyond the first dispatch: left out, oldest kept.
-        let p = plan(&execs, &leaders, status, "/r", api, 1);
+        let p = plan(&execs, &leaders, status, "/r", api, &trained, 1);
         assert_eq!(p.groups.len(), 1);
-        assert_eq!(p.groups_left, 1);
+        assert_eq!(p.groups_left, 2);
         assert!(!p.running.contains("e"));
+        // Without the journal's word, the trained group would be adopted.
+        let p = plan(&execs, &leaders, status, "/r", api, &BTreeSet::new(), 8);
+        assert_eq!(p.groups.len(), 4);
     }
 
     #[test]
@@ -334,7 +352,7 @@ mod tests {
             .enumerate()
             .map(|(i, e)| (e.to_string(), Pid::from_raw(100 + i as i32)))
             .collect();
-        let p = plan(&execs, &leaders, |_| None, "/r", api, 4);
+        let p = plan(&execs, &leaders, |_| None, "/r", api, &BTreeSet::new(), 4);
         let mut a = Adoption::new(&p);
         let id = |t: Take| match t {
             Take::Member(m) => m.id,

@@ -106,7 +106,7 @@ impl Front {
     fn begin(&mut self, exec: ExecId, group: GroupId) {
         self.runs.retain(|_, (_, h)| !h.is_finished());
         let query = match self.adoption.take(group.0) {
-            Take::Member(m) => return self.adopt(exec, *m),
+            Take::Member(m) => return self.adopt(exec, group, *m),
             Take::Fresh(q) => q.unwrap_or_else(|| self.task.query(group.0)),
         };
         let workspace = self.dir.join("workspaces").join(format!("e{}", exec.0));
@@ -120,6 +120,7 @@ impl Front {
             workspace: workspace.clone(),
             log: logs.join(format!("e{}.log", exec.0)),
             started_ms: now_ms(),
+            adopted_from: Vec::new(),
         };
         let described = serde_json::to_value(&launched).ok();
         let meta = match self
@@ -161,8 +162,19 @@ impl Front {
     /// Takes over a member of a group an earlier head left: the records it
     /// committed go to `exec`, and its harness, still running, is waited
     /// for (its calls reach `exec` from now on), or, ended, is scored.
-    fn adopt(&mut self, exec: ExecId, m: Member) {
+    fn adopt(&mut self, exec: ExecId, group: GroupId, mut m: Member) {
         self.executions.register(&m.id, exec);
+        // It is this head's group's now: a later resume reads this head's
+        // journal about it.
+        let was = (m.launched.incarnation, m.launched.group);
+        m.launched.adopted_from.push(was);
+        m.launched.incarnation = self.incarnation;
+        m.launched.group = group.0;
+        if let Ok(label) = serde_json::to_value(&m.launched)
+            && let Err(e) = self.gateway.describe_execution(&m.id, label)
+        {
+            tracing::warn!(execution = %m.id, error = %e.message(), "an adopted execution was not relabelled");
+        }
         let l = &m.launched;
         self.board.begin(
             exec,

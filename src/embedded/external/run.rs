@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::bridge::ToFront;
 use super::evaluator::WorkspaceScorer;
 use super::launcher::HarnessLauncher;
-use super::side::{self, GatewayCounters};
+use super::side::{self, GatewayCounters, Incarnation};
 use crate::embedded::cluster::{BuildError, EmbeddedConfig, assemble_with};
 use crate::embedded::live::OnLiveNode;
 use crate::embedded::run::{VersionReward, rewards};
@@ -152,7 +152,16 @@ async fn run_async(
     // ends them (see `orphans::end_on_signal`).
     let _watch = orphans::watch(&run_tag, temporary.then_some(dir.as_path()));
     let mut gateway = prepared
-        .open(cfg, &opts, dir.clone(), run_tag, 0, &parts.shared)
+        .open(
+            cfg,
+            &opts,
+            Incarnation {
+                dir: dir.clone(),
+                run: run_tag,
+                ..Default::default()
+            },
+            &parts.shared,
+        )
         .await?;
     started(&gateway.api_base);
     gateway.attach(node.clone(), parts.backends.harness);

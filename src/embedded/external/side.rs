@@ -13,6 +13,7 @@
 //! ends, killing the harnesses still running, when the host that owns its
 //! probe shuts down.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -161,23 +162,38 @@ pub fn prepare(
     (task, prepared)
 }
 
+/// Where a head's harnesses work, and which of its run's heads it is.
+#[derive(Debug, Clone, Default)]
+pub struct Incarnation {
+    /// Workspaces and logs go under it.
+    pub dir: PathBuf,
+    /// The run's tag every harness is told (`GYRE_RUN`,
+    /// [`crate::harness::orphans`]).
+    pub run: String,
+    /// 0 for a run's first head, n for its n-th resume.
+    pub number: u64,
+    /// The groups the checkpoint holds trained, by (incarnation, group).
+    pub trained: BTreeSet<(u64, u64)>,
+}
+
 impl Prepared {
     /// Builds the gateway over the run's payload store and published
-    /// weights (`shared`) and binds its listener; workspaces and logs go
-    /// under `dir`, and every harness is told `run`
-    /// ([`crate::harness::orphans`]). `incarnation` is 0 for a run's first
-    /// head and n for its n-th resume, which adopts the groups the lost
-    /// head left running where it can ([`super::adopt`]) and kills the
-    /// rest of its harnesses.
+    /// weights (`shared`) and binds its listener. A resumed head (`at`'s
+    /// number above 0) adopts the groups lost heads left untrained where it
+    /// can ([`super::adopt`]) and kills the rest of their harnesses.
     pub async fn open(
         self,
         cfg: &EmbeddedConfig,
         opts: &GatewayOptions,
-        dir: PathBuf,
-        run: String,
-        incarnation: u64,
+        at: Incarnation,
         shared: &Shared,
     ) -> Result<GatewaySide, GatewayRunError> {
+        let Incarnation {
+            dir,
+            run,
+            number: incarnation,
+            trained,
+        } = at;
         let Prepared {
             streams,
             board,
@@ -237,6 +253,7 @@ impl Prepared {
                     |p| std::fs::read_to_string(p).ok()?.trim().parse().ok(),
                     &run,
                     &api_base,
+                    &trained,
                     first as usize,
                 )
             } else {

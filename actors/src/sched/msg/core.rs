@@ -30,6 +30,15 @@ pub struct StepRecord {
     pub micro_steps: u32,
 }
 
+/// The groups the packer sealed into one step's batch, told to an
+/// observer: a cluster's head journals them, so that a head resumed from a
+/// checkpoint holding that step knows those groups are trained for good.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedBatch {
+    pub step: Step,
+    pub groups: Vec<GroupId>,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub enum CoreMsg {
     /// From the scheduler: cell 0 entered training; train `step` with

@@ -19,13 +19,13 @@ mod transition;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use gyre_runtime::{Actor, ActorId, Addr, BlobStore, Cx, Nanos, NodeId};
+use gyre_runtime::{Actor, ActorId, Addr, BlobStore, Cx, Nanos, NodeId, Recipient};
 
 use crate::sched::Policy;
 use crate::sched::buffer::Buffer;
 use crate::sched::cell::{Cell, CellLinks};
 use crate::sched::config::{ConfigError, Derived, SampleMode, SchedConfig};
-use crate::sched::core::{Core, CoreConfig, CoreLinks};
+use crate::sched::core::{Core, CoreConfig, CoreLinks, SealedBatch};
 use crate::sched::evaluator::Evaluator;
 use crate::sched::execution::{ExecStatus, Execution};
 use crate::sched::ids::{EngineIx, ExecId, Step, SwitchId, Version};
@@ -194,6 +194,8 @@ pub struct Scheduler {
     /// Executions the dispatch rule released while an operator paused
     /// dispatch (`Some` while paused).
     held: Option<u64>,
+    /// Told the groups of each sealed batch (the packer's observer).
+    sealed: Option<Recipient<SealedBatch>>,
 }
 
 impl Scheduler {
@@ -250,6 +252,7 @@ impl Scheduler {
             pool_switch: None,
             log: SchedLog::default(),
             held: None,
+            sealed: None,
             peers: None,
             reject_retry: RejectRetry::default(),
             cfg,
@@ -260,6 +263,13 @@ impl Scheduler {
 
     /// The proxy retries a rejected call on the same engine (remote
     /// engines' transient failures); off by default.
+    /// Tells `observer` the groups of every batch the packer seals (a
+    /// cluster's head journals them: [`SealedBatch`]).
+    pub fn with_sealed_observer(mut self, observer: Recipient<SealedBatch>) -> Self {
+        self.sealed = Some(observer);
+        self
+    }
+
     pub fn with_reject_retry(mut self, r: RejectRetry) -> Self {
         self.reject_retry = r;
         self
@@ -404,7 +414,11 @@ impl Scheduler {
                 packer = packer.with_blobs(store.clone());
             }
         }
-        let packer = cx.spawn(packer.starting_at(cfg.start_version));
+        let packer = cx.spawn(
+            packer
+                .starting_at(cfg.start_version)
+                .with_observer(self.sealed),
+        );
         let links = |engine, trainer, memory| CellLinks {
             sched: me,
             core,
