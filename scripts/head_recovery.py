@@ -10,8 +10,8 @@ medians; the steady step time of the killed run (between its journaled
 updates) is printed beside it for scale.
 
 With --warm, each run is made twice with slower harnesses (8 calls, a
-second of think time before each, 40 SDK retries) killed 1.5 s after the
-KILL_AT-th update: once resumed on the gateway's own address, so the
+second of think time before each, 40 SDK retries) killed a second after
+two harnesses began since the KILL_AT-th update: once resumed on the gateway's own address, so the
 resumed head adopts the groups whose harnesses still run (a warm resume),
 and once resumed on another address, so it kills them and starts their
 groups again (the cold resume, for comparison). Printed per run: the time
@@ -66,17 +66,17 @@ def updates(journal):
 
 
 def leaders(tag):
-    """Harness process-group leaders of the run."""
+    """Process ids of the run's harness process-group leaders."""
     want = f"GYRE_RUN={tag}".encode()
-    n = 0
+    found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if want in f.read().split(b"\0") and os.getpgid(int(pid)) == int(pid):
-                    n += 1
+                    found.add(pid)
         except OSError:
             pass
-    return n
+    return found
 
 
 def free_port():
@@ -107,7 +107,7 @@ def one(i, mode=None):
     tag = os.path.realpath(ck)
     head = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen, stamps = 0, []
-    ready_at = None
+    ready_at, before = None, None
     while True:
         n = updates(journal)
         if n > seen:
@@ -116,9 +116,13 @@ def one(i, mode=None):
         if mode is None and seen >= KILL_AT and of_run(tag) > 0:
             break
         if mode and seen >= KILL_AT:
-            # 1.5 s into the next groups' runs, with two harnesses running.
-            ready_at = ready_at or time.monotonic() + 1.5
-            if time.monotonic() >= ready_at and leaders(tag) >= 2:
+            # A second after two harnesses began since that update: they
+            # are early in their calls.
+            if before is None:
+                before = leaders(tag)
+            if ready_at is None and len(leaders(tag) - before) >= 2:
+                ready_at = time.monotonic() + 1.0
+            if ready_at is not None and time.monotonic() >= ready_at:
                 break
         if head.poll() is not None:
             raise SystemExit(f"run {i}: the head ended before it was killed")
