@@ -231,6 +231,63 @@ fn wait_for(head: &mut std::process::Child, what: &str, mut done: impl FnMut() -
     }
 }
 
+/// Kills (kill -9) the `head` of the run tagged `run` (journal in `ck`)
+/// early in its second wave of executions: after the first update the
+/// next groups start (boundary dispatch) as slots free, and a second after
+/// two of their harnesses began those are early in their 8 calls. Returns
+/// the executions whose harnesses outlived it.
+fn kill_early_in_the_second_wave(
+    head: &mut std::process::Child,
+    ck: &std::path::Path,
+    run: &str,
+) -> std::collections::BTreeSet<String> {
+    let running = || gyre::harness::orphans::leaders(run);
+    wait_for(head, "the run never updated", || journaled_updates(ck) >= 1);
+    let before: std::collections::BTreeSet<String> = running().into_keys().collect();
+    wait_for(head, "no harnesses began after the first update", || {
+        running().keys().filter(|e| !before.contains(*e)).count() >= 2
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    head.kill().unwrap();
+    head.wait().unwrap();
+    let left: std::collections::BTreeSet<String> = running().into_keys().collect();
+    assert!(!left.is_empty(), "no harness outlived the head");
+    left
+}
+
+/// `gyre ARGS --resume` with `env`: its report, once it has checked that
+/// the run finished with one update per version and adopted running
+/// harnesses of the lost head.
+fn resumed_warm(args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    let resume = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(args)
+        .arg("--resume")
+        .envs(env.iter().copied())
+        .output()
+        .expect("gyre runs");
+    assert!(
+        resume.status.success(),
+        "the resume failed: {}",
+        String::from_utf8_lossy(&resume.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&resume.stdout).expect("a JSON report");
+    eprintln!("adopted: {}", r["resumed"]["adopted"]);
+    let versions: Vec<u64> = r["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, vec![1, 2, 3, 4], "one update per version: {r}");
+    assert!(
+        r["resumed"]["adopted"]["running"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "no running harness adopted: {r}"
+    );
+    r
+}
+
 /// How many updates the run's journal in `ck` holds.
 fn journaled_updates(ck: &std::path::Path) -> usize {
     std::fs::read_to_string(ck.join("run.jsonl"))
@@ -385,50 +442,16 @@ fn a_resumed_head_adopts_the_harnesses_a_killed_head_left_running() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("gyre runs");
-    let updates = || journaled_updates(&ck);
-    let running = || gyre::harness::orphans::leaders(&run);
-    // After the first update the next groups start (boundary dispatch)
-    // as slots free: killed a second after two of their harnesses began,
-    // those are early in their 8 calls.
-    wait_for(&mut head, "the run never updated", || updates() >= 1);
-    let before: std::collections::BTreeSet<String> = running().into_keys().collect();
-    wait_for(
-        &mut head,
-        "no harnesses began after the first update",
-        || running().keys().filter(|e| !before.contains(*e)).count() >= 2,
-    );
-    std::thread::sleep(Duration::from_secs(1));
-    head.kill().unwrap();
-    head.wait().unwrap();
-    let left: std::collections::BTreeSet<String> = running().into_keys().collect();
-    assert!(!left.is_empty(), "no harness outlived the head");
+    let left = kill_early_in_the_second_wave(&mut head, &ck, &run);
     let lost = Store::open(&store).unwrap().load().unwrap();
     let calls_of = |calls: &[(String, gyre::gateway::execution::StoredCall)], e: &str| {
         calls.iter().filter(|(x, _)| x == e).count()
     };
 
-    let resume = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args([args.as_slice(), &["--resume"]].concat())
-        .envs(agent_env)
-        .output()
-        .expect("gyre runs");
-    assert!(
-        resume.status.success(),
-        "the resume failed: {}",
-        String::from_utf8_lossy(&resume.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&resume.stdout).expect("a JSON report");
+    let r = resumed_warm(&args, &agent_env);
     let adopted = &r["resumed"]["adopted"];
-    eprintln!("adopted: {adopted}");
     let n = |k: &str| adopted[k].as_u64().unwrap_or_else(|| panic!("{k}: {r}"));
-    assert!(n("groups") >= 1 && n("running") >= 1, "{r}");
-    let versions: Vec<u64> = r["updates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["version"].as_u64().unwrap())
-        .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4], "one update per version: {r}");
+    assert!(n("groups") >= 1, "{r}");
     assert_eq!(r["gateway"]["calls_without_record"], 0, "{r}");
     // The adopted harnesses went on calling the same gateway executions
     // (their keys still worked) and finished their work in the lost
@@ -508,6 +531,109 @@ fn a_resumed_head_adopts_the_harnesses_a_killed_head_left_running() {
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while of_run(&run) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(of_run(&run), 0, "processes of the run still running");
+}
+
+#[test]
+fn a_resumed_job_head_adopts_its_sandboxed_harnesses() {
+    // The warm resume of a `--job` run: its harnesses run through the job
+    // runner, in the bwrap sandbox with only the gateway reachable where
+    // bwrap works (its bridge to the gateway dies with the head and the
+    // resumed head binds it again), else unsandboxed. Adopted harnesses
+    // finish, and the job's scorer scores their workspaces.
+    let test = "a_resumed_job_head_adopts_its_sandboxed_harnesses";
+    if python_openai_missing(test) {
+        return;
+    }
+    use std::time::Duration;
+    let sandboxed = gyre::harness::sandbox::bwrap_works(gyre::harness::job::NetworkMode::Gateway);
+    let (run_sandbox, sandbox) = match &sandboxed {
+        Ok(()) => ("sandbox = \"bwrap\"", "[sandbox]\nnetwork = \"gateway\"\n"),
+        Err(why) => {
+            eprintln!(
+                "\n*** {test}: bwrap unusable here ({why}); the harnesses run unsandboxed ***\n"
+            );
+            ("", "")
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[tasks]
+dir = "{examples}/tasks/byte_game"
+[harness]
+command = ["python3", "{AGENT}"]
+timeout = "120s"
+kill_grace = "1s"
+env = {{ AGENT_TURNS = "8", AGENT_PAUSE = "1", AGENT_MAX_RETRIES = "40" }}
+[evaluator]
+command = ["python3", "{GRADER}", "{{workspace}}"]
+[run]
+overall_timeout = "300s"
+concurrency = 64
+log_dir = "logs"
+work_dir = "work"
+gateway_store = "store"
+listen = "127.0.0.1:{port}"
+{run_sandbox}
+{sandbox}
+[train]
+steps = 4
+[train.embedded.checkpoint]
+every = 1
+dir = "{ck}"
+"#,
+            ck = ck.display()
+        ),
+    )
+    .unwrap();
+    let run = gyre::harness::orphans::tag_of(&ck);
+    let args = [
+        "train",
+        "--tiny",
+        "--json",
+        "--job",
+        job.to_str().unwrap(),
+        "--cluster",
+        "local",
+    ];
+    let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("gyre runs");
+    let left = kill_early_in_the_second_wave(&mut head, &ck, &run);
+
+    let r = resumed_warm(&args, &[("RUST_LOG", "warn")]);
+    // An adopted harness's workspace was scored by the job's evaluator
+    // (the scorer knew it: the adopting launcher kept it for it).
+    let bindings = std::fs::read_to_string(dir.path().join("logs/bindings.jsonl")).unwrap();
+    let scored: std::collections::BTreeSet<String> = bindings
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|b| b["execution"].as_str().map(String::from))
+        .collect();
+    assert!(
+        left.iter().any(|e| scored.contains(e)),
+        "no adopted harness was scored: {r}"
+    );
+    assert_eq!(r["job"]["dummies"], 0, "{r}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while of_run(&run) > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(of_run(&run), 0, "processes of the run still running");

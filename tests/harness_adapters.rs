@@ -83,6 +83,7 @@ fn run_job(job_name: &str, program: &str, script: &[serde_json::Value], dir: &Pa
             credentials: None,
             workspace: None,
             env: Vec::new(),
+            status: None,
         },
         CancellationToken::new(),
     ));

@@ -119,6 +119,7 @@ impl Setup {
             credentials: None,
             workspace: None,
             env: Vec::new(),
+            status: None,
         }
     }
 
@@ -538,7 +539,7 @@ fn bwrap_with_the_gateway_network_reaches_the_gateway_and_nothing_else() {
         .unwrap();
     assert_eq!(ours["calls"], json!(1), "{ours}");
     assert!(
-        !run.dirs.unwrap().root.join("gateway.sock").exists(),
+        !run.dirs.unwrap().root.join("gateway/gateway.sock").exists(),
         "the bridge's socket goes with the run"
     );
     let _ = std::fs::remove_dir_all(&dir);

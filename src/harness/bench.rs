@@ -106,6 +106,7 @@ fn request(task: &Arc<Task>, i: usize) -> ExecutionRequest {
         }),
         workspace: None,
         env: Vec::new(),
+        status: None,
     }
 }
 

@@ -34,6 +34,7 @@ use super::process::{self, ProcessEnd, ProcessSpec};
 use super::sandbox::{Extra, Forward, SandboxPlan};
 use super::tasks::Task;
 use super::workspace::ExecDirs;
+use crate::embedded::external::launcher::status_wrapped;
 
 /// Exit codes that mean the harness never ran: 125 (a container runtime's
 /// own failure, e.g. an image that cannot be pulled), 126 (not executable),
@@ -120,6 +121,11 @@ pub struct ExecutionRequest {
     /// Variables for this execution only (after the job's, before Gyre's
     /// own), e.g. `GYRE_QUERY`.
     pub env: Vec<(String, String)>,
+    /// Where the harness's exit code is written when it ends (the command
+    /// then runs under the status shell,
+    /// [`crate::embedded::external::launcher::status_wrapped`]), so a
+    /// head that did not start it can learn how it ended.
+    pub status: Option<PathBuf>,
 }
 
 /// Removes HOME and TMPDIR if the run's future is dropped (an abort by
@@ -391,6 +397,10 @@ impl HarnessRunner {
             ..Extra::default()
         };
         let argv = self.cfg.sandbox.wrap(argv, &dirs, &values, &extra);
+        let argv = match &req.status {
+            Some(status) => status_wrapped(status, argv),
+            None => argv,
+        };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let overall_first = remaining < self.cfg.timeout;
         let spec = ProcessSpec {
@@ -455,13 +465,10 @@ impl HarnessRunner {
         dirs: &ExecDirs,
         creds: &Credentials,
     ) -> std::io::Result<Option<(Forward, GatewayBridge, Credentials)>> {
-        let plan = &self.cfg.sandbox;
-        if plan.kind != SandboxKind::Bwrap || plan.network != NetworkMode::Gateway {
+        let Some((bridge, gateway)) = self.bridge(dirs, &creds.api_base)? else {
             return Ok(None);
-        }
-        let gateway = gateway_addr(&creds.api_base)?;
-        let socket = dirs.root.join("gateway.sock");
-        let bridge = GatewayBridge::start(&socket, gateway)?;
+        };
+        let socket = bridge.path().to_path_buf();
         let listen = std::net::SocketAddr::from(([127, 0, 0, 1], gateway.port()));
         let forward = Forward {
             program: self.cfg.forwarder.clone(),
@@ -473,6 +480,27 @@ impl HarnessRunner {
             ..creds.clone()
         };
         Ok(Some((forward, bridge, seen)))
+    }
+
+    /// With bwrap and `network = "gateway"`: the host's bridge from the
+    /// execution's socket to the gateway at `api_base` (started again by a
+    /// resumed head for a harness it adopts: the lost head's went with it).
+    pub fn bridge(
+        &self,
+        dirs: &ExecDirs,
+        api_base: &str,
+    ) -> std::io::Result<Option<(GatewayBridge, std::net::SocketAddr)>> {
+        let plan = &self.cfg.sandbox;
+        if plan.kind != SandboxKind::Bwrap || plan.network != NetworkMode::Gateway {
+            return Ok(None);
+        }
+        let gateway = gateway_addr(api_base)?;
+        // A folder of its own: the sandbox binds the folder (see
+        // `SandboxPlan::wrap`), so a socket bound again there is seen.
+        let folder = dirs.root.join("gateway");
+        std::fs::create_dir_all(&folder)?;
+        let bridge = GatewayBridge::start(&folder.join("gateway.sock"), gateway)?;
+        Ok(Some((bridge, gateway)))
     }
 
     async fn close(&self, creds: &Credentials, opened_here: bool) {

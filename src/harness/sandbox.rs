@@ -149,7 +149,12 @@ impl SandboxPlan {
                 }
                 let argv = match (&extra.forward, self.network) {
                     (Some(f), NetworkMode::Gateway) => {
-                        a.extend(["--bind".into(), s(&f.socket), s(&f.socket)]);
+                        // The socket's own folder, not the socket: a
+                        // resumed head binds a new socket there for a
+                        // harness it adopts, which a bind of the old
+                        // socket file would not show.
+                        let dir = f.socket.parent().unwrap_or(&f.socket);
+                        a.extend(["--bind".into(), s(dir), s(dir)]);
                         // A forwarder under /tmp (a build there) is hidden
                         // by the fresh /tmp unless brought back.
                         if f.program.starts_with("/tmp") && f.program.exists() {
@@ -280,7 +285,7 @@ mod tests {
         let forward = Forward {
             program: "/bin/gyre".into(),
             listen: "127.0.0.1:8080".parse().unwrap(),
-            socket: "/w/e1/gateway.sock".into(),
+            socket: "/w/e1/gateway/gateway.sock".into(),
         };
         let extra = Extra {
             forward: Some(forward),
@@ -290,9 +295,9 @@ mod tests {
             .wrap(vec!["agent".into()], &dirs(), &[], &extra)
             .join(" ");
         assert!(joined.contains("--unshare-net"));
-        assert!(joined.contains("--bind /w/e1/gateway.sock /w/e1/gateway.sock"));
+        assert!(joined.contains("--bind /w/e1/gateway /w/e1/gateway"));
         assert!(joined.ends_with(
-            "-- /bin/gyre sandbox-forward --listen 127.0.0.1:8080 --unix /w/e1/gateway.sock -- agent"
+            "-- /bin/gyre sandbox-forward --listen 127.0.0.1:8080 --unix /w/e1/gateway/gateway.sock -- agent"
         ));
         assert!(!joined.contains("--ro-bind /bin/gyre"));
         // A forwarder built under /tmp is brought back into the fresh /tmp.
@@ -301,7 +306,7 @@ mod tests {
             forward: Some(Forward {
                 program: tmp.path().into(),
                 listen: "127.0.0.1:8080".parse().unwrap(),
-                socket: "/w/e1/gateway.sock".into(),
+                socket: "/w/e1/gateway/gateway.sock".into(),
             }),
             ..Extra::default()
         };

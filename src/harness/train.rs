@@ -21,10 +21,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use gyre_actors::sched::SampleMode;
 use gyre_actors::sched::proto::harness::HarnessOutcome;
+use nix::unistd::Pid;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -32,11 +33,14 @@ use super::access::Credentials;
 use super::evaluator::{EvalTarget, EvaluatorConfig, EvaluatorRunner, Verdict};
 use super::job::{JobError, JobFile};
 use super::orphans::RUN_VAR;
+use super::runner::COMPLETE_FAILURE_CODES;
 use super::runner::{ExecutionRequest, HarnessRunner, RunOutcome, RunnerConfig};
 use super::tasks::{Epochs, Task, TaskError, TaskSet};
+use super::workspace::ExecDirs;
 use crate::embedded::cluster::EmbeddedConfig;
 use crate::embedded::external::board::RunInfo;
 use crate::embedded::external::evaluator::{Scored, WorkspaceScorer};
+use crate::embedded::external::launcher::{AdoptedEnd, time_left, wait_adopted};
 use crate::embedded::external::{HarnessLauncher, HarnessRun, LaunchSpec};
 use gyre_actors::trajectory::scoring::ArtifactRef;
 
@@ -236,11 +240,62 @@ impl JobLauncher {
         let i = lock(&self.epochs).task_of(group);
         (i, self.tasks[i].clone())
     }
+
+    /// The task of index `query` (what [`HarnessLauncher::query_of`]
+    /// said), if the task set has it.
+    fn task_at(&self, query: u64) -> Option<(usize, Arc<Task>)> {
+        let i = usize::try_from(query).ok()?;
+        Some((i, self.tasks.get(i)?.clone()))
+    }
+}
+
+/// Counts a run's outcome and keeps a scorable workspace for the scorer.
+fn ended(targets: &Targets, c: &JobCounters, run: &RunEnd, task: Arc<Task>) {
+    let bump = |a: &AtomicU64| a.fetch_add(1, Ordering::Relaxed);
+    if run.stragglers_killed {
+        bump(&c.stragglers_killed);
+    }
+    match &run.outcome {
+        RunOutcome::Completed => bump(&c.completed),
+        RunOutcome::Failed { .. } => bump(&c.failed),
+        RunOutcome::HarnessTimeout => bump(&c.harness_timeouts),
+        RunOutcome::OverallTimeout => bump(&c.overall_timeouts),
+        RunOutcome::Aborted => bump(&c.aborted),
+        RunOutcome::CompleteFailure { .. } => bump(&c.dummies),
+    };
+    if let Some(dirs) = run.dirs.clone() {
+        lock(targets).insert(
+            dirs.workspace.clone(),
+            EvalTarget {
+                label: run.label.clone(),
+                task,
+                dirs,
+                execution: run.execution.clone(),
+            },
+        );
+    }
+}
+
+/// What [`ended`] reads of a run, launched or adopted.
+struct RunEnd {
+    label: String,
+    execution: Option<String>,
+    outcome: RunOutcome,
+    dirs: Option<ExecDirs>,
+    stragglers_killed: bool,
 }
 
 impl HarnessLauncher for JobLauncher {
+    fn query_of(&self, group: u64) -> Option<u64> {
+        Some(self.task_of(group).0 as u64)
+    }
+
     fn launch(&self, spec: LaunchSpec) -> HarnessRun {
-        let (index, task) = self.task_of(spec.group);
+        // The front asked for the group's task (`query_of`), or, for an
+        // adopted group's missing member, for that group's.
+        let (index, task) = self
+            .task_at(spec.query)
+            .unwrap_or_else(|| self.task_of(spec.group));
         let label = format!("g{}-{}", spec.group, spec.execution);
         let req = ExecutionRequest {
             label,
@@ -259,6 +314,7 @@ impl HarnessLauncher for JobLauncher {
                 ("GYRE_TASK".into(), task.name.clone()),
                 (RUN_VAR.into(), spec.run.clone()),
             ],
+            status: Some(spec.status()),
         };
         let (runner, targets, counters) = (
             self.runner.clone(),
@@ -267,36 +323,101 @@ impl HarnessLauncher for JobLauncher {
         );
         Box::pin(async move {
             let run = runner.run(req, CancellationToken::new()).await;
-            let c = &counters;
-            let bump = |a: &AtomicU64| a.fetch_add(1, Ordering::Relaxed);
-            if run.stragglers_killed {
-                bump(&c.stragglers_killed);
-            }
-            match &run.outcome {
-                RunOutcome::Completed => bump(&c.completed),
-                RunOutcome::Failed { .. } => bump(&c.failed),
-                RunOutcome::HarnessTimeout => bump(&c.harness_timeouts),
-                RunOutcome::OverallTimeout => bump(&c.overall_timeouts),
-                RunOutcome::Aborted => bump(&c.aborted),
-                RunOutcome::CompleteFailure { .. } => bump(&c.dummies),
-            };
-            if let Some(dirs) = run.dirs.clone() {
-                lock(&targets).insert(
-                    dirs.workspace.clone(),
-                    EvalTarget {
-                        label: run.label.clone(),
-                        task,
-                        dirs,
-                        execution: run.execution.clone(),
-                    },
-                );
-            }
+            ended(
+                &targets,
+                &counters,
+                &RunEnd {
+                    label: run.label,
+                    execution: run.execution,
+                    outcome: run.outcome.clone(),
+                    dirs: run.dirs,
+                    stragglers_killed: run.stragglers_killed,
+                },
+                task,
+            );
             // The execution actor's own overall timer ends an overall
             // timeout; what it hears from here no longer matters then.
             run.outcome
                 .harness_outcome()
                 .unwrap_or(HarnessOutcome::Failed { complete: false })
         })
+    }
+
+    fn adopts(&self) -> bool {
+        true
+    }
+
+    /// Waits for a run a lost head started through the runner (under the
+    /// status shell), with its bridge to the gateway started again for a
+    /// `network = "gateway"` sandbox; then tidies and keeps it as
+    /// [`HarnessRunner::run`] would have.
+    fn adopt(
+        &self,
+        spec: LaunchSpec,
+        leader: Option<Pid>,
+        started: SystemTime,
+    ) -> Option<HarnessRun> {
+        let (_, task) = self.task_at(spec.query)?;
+        let cfg = self.runner.config();
+        let label = format!("g{}-{}", spec.group, spec.execution);
+        let dirs = ExecDirs::existing(&cfg.work_root, &label, &spec.workspace);
+        let left = time_left(cfg.timeout, started);
+        let bridge = match self.runner.bridge(&dirs, &spec.api_base) {
+            Ok(b) => b,
+            Err(error) => {
+                tracing::warn!(%error, execution = %spec.execution, "the adopted harness's gateway bridge did not start");
+                None
+            }
+        };
+        let (targets, counters) = (self.targets.clone(), self.counters.clone());
+        let run: HarnessRun = Box::pin(async move {
+            let end = wait_adopted(&spec, leader, left).await;
+            drop(bridge);
+            let outcome = match end {
+                AdoptedEnd::Exited(0) => RunOutcome::Completed,
+                AdoptedEnd::Exited(c) if COMPLETE_FAILURE_CODES.contains(&c) => {
+                    RunOutcome::CompleteFailure {
+                        why: format!("exit {c}: the harness could not start"),
+                    }
+                }
+                AdoptedEnd::Exited(c) => RunOutcome::Failed {
+                    code: Some(c),
+                    signal: None,
+                },
+                // Killed by something else: scored on what it left, as a
+                // launched run killed by a signal is.
+                AdoptedEnd::Vanished => RunOutcome::Failed {
+                    code: None,
+                    signal: None,
+                },
+                AdoptedEnd::TimedOut => RunOutcome::HarnessTimeout,
+            };
+            let keep = outcome.scorable();
+            let scratch = dirs.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = scratch.remove_scratch();
+                if !keep {
+                    let _ = scratch.remove_all();
+                }
+            })
+            .await;
+            ended(
+                &targets,
+                &counters,
+                &RunEnd {
+                    label,
+                    execution: Some(spec.execution.clone()),
+                    outcome: outcome.clone(),
+                    dirs: keep.then_some(dirs),
+                    stragglers_killed: false,
+                },
+                task,
+            );
+            outcome
+                .harness_outcome()
+                .unwrap_or(HarnessOutcome::Failed { complete: false })
+        });
+        Some(run)
     }
 
     /// The plane's overall timer usually ends a run before the runner's

@@ -67,6 +67,20 @@ impl ExecDirs {
         Ok(dirs)
     }
 
+    /// The folders [`ExecDirs::create_at`] made for `label` with its
+    /// workspace at `workspace`, named again (nothing is created): a
+    /// resumed head adopting the run tidies them when it ends.
+    pub fn existing(work_root: &Path, label: &str, workspace: &Path) -> ExecDirs {
+        let root = work_root.join(label);
+        ExecDirs {
+            workspace: workspace.to_path_buf(),
+            home: root.join("home"),
+            tmp: root.join("tmp"),
+            prompt_file: root.join("prompt.md"),
+            root,
+        }
+    }
+
     /// Removes HOME and the temp dir (the harness has ended).
     pub fn remove_scratch(&self) -> std::io::Result<()> {
         remove_if_present(&self.home)?;

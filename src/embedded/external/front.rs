@@ -107,7 +107,9 @@ impl Front {
         self.runs.retain(|_, (_, h)| !h.is_finished());
         let query = match self.adoption.take(group.0) {
             Take::Member(m) => return self.adopt(exec, group, *m),
-            Take::Fresh(q) => q.unwrap_or_else(|| self.task.query(group.0)),
+            Take::Fresh(q) => q
+                .or_else(|| self.launcher.query_of(group.0))
+                .unwrap_or_else(|| self.task.query(group.0)),
         };
         let workspace = self.dir.join("workspaces").join(format!("e{}", exec.0));
         let logs = self.dir.join("logs");
@@ -164,6 +166,12 @@ impl Front {
     /// for (its calls reach `exec` from now on), or, ended, is scored.
     fn adopt(&mut self, exec: ExecId, group: GroupId, mut m: Member) {
         self.executions.register(&m.id, exec);
+        // The group it was launched in names its folders and logs.
+        let launched_in = m
+            .launched
+            .adopted_from
+            .first()
+            .map_or(m.launched.group, |(_, g)| *g);
         // It is this head's group's now: a later resume reads this head's
         // journal about it.
         let was = (m.launched.incarnation, m.launched.group);
@@ -194,36 +202,35 @@ impl Front {
         for r in &records {
             self.records.replay(r);
         }
-        match m.state {
-            State::Ended(outcome) => {
-                self.executions.finished(exec);
-                let _ = self.gateway.close_execution(&m.id);
-                self.board.finished(exec, outcome);
-                let _ = self.inbox.send(BridgeMsg::Finished { exec, outcome });
-            }
-            State::Running(leader) => {
-                let spec = LaunchSpec {
-                    execution: m.id.clone(),
-                    key: m.key,
-                    api_base: l.api_base.clone(),
-                    query: l.query,
-                    group: l.group,
-                    workspace: l.workspace.clone(),
-                    log: l.log.clone(),
-                    run: self.run.clone(),
-                };
-                let started = l.started();
-                let run = self
-                    .launcher
-                    .adopt(spec, leader, started)
-                    .unwrap_or_else(|| {
-                        // Not this launcher's to wait for: ended like a lost run.
-                        let _ = nix::sys::signal::killpg(leader, nix::sys::signal::Signal::SIGKILL);
-                        Box::pin(async { HarnessOutcome::Failed { complete: true } })
-                    });
-                self.watch(exec, m.id, run);
-            }
-        }
+        let spec = LaunchSpec {
+            execution: m.id.clone(),
+            key: m.key,
+            api_base: l.api_base.clone(),
+            query: l.query,
+            group: launched_in,
+            workspace: l.workspace.clone(),
+            log: l.log.clone(),
+            run: self.run.clone(),
+        };
+        let (leader, ended) = match m.state {
+            State::Running(leader) => (Some(leader), None),
+            State::Ended(outcome) => (None, Some(outcome)),
+        };
+        let run = self
+            .launcher
+            .adopt(spec, leader, l.started())
+            .unwrap_or_else(|| match (leader, ended) {
+                // Not this launcher's to wait for: ended like a lost run.
+                (Some(leader), _) => {
+                    let _ = nix::sys::signal::killpg(leader, nix::sys::signal::Signal::SIGKILL);
+                    Box::pin(async { HarnessOutcome::Failed { complete: true } })
+                }
+                (None, outcome) => {
+                    let outcome = outcome.unwrap_or(HarnessOutcome::Failed { complete: true });
+                    Box::pin(async move { outcome })
+                }
+            });
+        self.watch(exec, m.id, run);
     }
 
     /// Finishes `exec` once its harness `run` has ended.

@@ -100,10 +100,16 @@ pub trait HarnessLauncher: Send + Sync + 'static {
 
     /// Waits for a harness an earlier head of the run started with `spec`
     /// at `started` and that still runs as the process-group leader
-    /// `leader`: the same future as [`HarnessLauncher::launch`]'s, under
-    /// what is left of the harness timeout. `None`: this launcher cannot
-    /// learn how such a run ends (the resumed head kills it instead).
-    fn adopt(&self, spec: LaunchSpec, leader: Pid, started: SystemTime) -> Option<HarnessRun> {
+    /// `leader` (`None`: it has ended, its status file says how): the same
+    /// future as [`HarnessLauncher::launch`]'s, under what is left of the
+    /// harness timeout. `None`: this launcher cannot learn how such a run
+    /// ends (the resumed head kills it instead).
+    fn adopt(
+        &self,
+        spec: LaunchSpec,
+        leader: Option<Pid>,
+        started: SystemTime,
+    ) -> Option<HarnessRun> {
         let _ = (spec, leader, started);
         None
     }
@@ -112,12 +118,70 @@ pub trait HarnessLauncher: Send + Sync + 'static {
     fn adopts(&self) -> bool {
         false
     }
+
+    /// The query (task) group `group` works on, where the launcher picks
+    /// it (`None`: the run's task decides). The front records it, and a
+    /// resumed head starts an adopted group's missing members on it.
+    fn query_of(&self, group: u64) -> Option<u64> {
+        let _ = group;
+        None
+    }
 }
 
 /// The shell every command runs under: it runs the command (its
 /// arguments after the status path), writes the exit code to the status
 /// file (whole, by a rename) and exits with it.
 const STATUS_WRAPPER: &str = r#"status=$1; shift; "$@"; code=$?; printf '%s\n' "$code" > "$status.tmp" && mv -f "$status.tmp" "$status"; exit $code"#;
+
+/// `argv` run under the status shell writing to `status` (an earlier
+/// run's file removed first).
+pub fn status_wrapped(status: &std::path::Path, argv: Vec<String>) -> Vec<String> {
+    let _ = std::fs::remove_file(status);
+    let mut out: Vec<String> = ["sh", "-c", STATUS_WRAPPER, "gyre-harness"]
+        .map(String::from)
+        .into();
+    out.push(status.display().to_string());
+    out.extend(argv);
+    out
+}
+
+/// How an adopted harness ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdoptedEnd {
+    /// Its status file: the exit code.
+    Exited(i32),
+    /// Gone without writing one: killed.
+    Vanished,
+    /// Its harness timeout passed: its group was killed.
+    TimedOut,
+}
+
+/// Waits for a harness another head started (`spec`, leading its group
+/// as `leader`, or ended already), `left` of its harness timeout
+/// remaining; its group is killed once it ends, or if this future is
+/// dropped.
+pub async fn wait_adopted(spec: &LaunchSpec, leader: Option<Pid>, left: Duration) -> AdoptedEnd {
+    const POLL: Duration = Duration::from_millis(100);
+    let _group = leader.map(GroupGuard);
+    let deadline = tokio::time::Instant::now() + left;
+    loop {
+        if let Some(end) = adopted_end(spec, leader) {
+            return end;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return AdoptedEnd::TimedOut;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// What is left of `timeout` for a harness started at `started`.
+pub fn time_left(timeout: Duration, started: SystemTime) -> Duration {
+    let ran = SystemTime::now()
+        .duration_since(started)
+        .unwrap_or_default();
+    timeout.saturating_sub(ran)
+}
 
 /// Runs `argv` (placeholders filled per execution) in the workspace, as
 /// the leader of a process group of its own: when it ends, however it
@@ -160,7 +224,7 @@ pub fn outcome_of_code(code: i32) -> HarnessOutcome {
 }
 
 /// The exit code a status file holds, once the harness has ended.
-fn read_status(path: &std::path::Path) -> Option<i32> {
+pub fn read_status(path: &std::path::Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
@@ -180,14 +244,9 @@ impl HarnessLauncher for CommandLauncher {
                 Ok(f) => f,
                 Err(_) => return HarnessOutcome::Failed { complete: true },
             };
-            let status = spec.status();
-            let _ = std::fs::remove_file(&status);
-            let mut cmd = tokio::process::Command::new("sh");
-            cmd.arg("-c")
-                .arg(STATUS_WRAPPER)
-                .arg("gyre-harness")
-                .arg(&status)
-                .args(&argv)
+            let argv = status_wrapped(&spec.status(), argv);
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..])
                 .current_dir(&spec.workspace)
                 .envs(spec.env())
                 .stdin(Stdio::null())
@@ -227,48 +286,34 @@ impl HarnessLauncher for CommandLauncher {
         true
     }
 
-    fn adopt(&self, spec: LaunchSpec, leader: Pid, started: SystemTime) -> Option<HarnessRun> {
-        let ran = SystemTime::now()
-            .duration_since(started)
-            .unwrap_or_default();
-        let left = self.timeout.saturating_sub(ran);
+    fn adopt(
+        &self,
+        spec: LaunchSpec,
+        leader: Option<Pid>,
+        started: SystemTime,
+    ) -> Option<HarnessRun> {
+        let left = time_left(self.timeout, started);
         Some(Box::pin(async move {
-            // Its group dies with the run, as a launched one's does.
-            let _group = GroupGuard(leader);
-            let deadline = tokio::time::Instant::now() + left;
-            loop {
-                if let Some(outcome) = adopted_end(&spec, leader) {
-                    return outcome;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return HarnessOutcome::HarnessTimeout;
-                }
-                tokio::time::sleep(Self::POLL).await;
+            match wait_adopted(&spec, leader, left).await {
+                AdoptedEnd::Exited(code) => outcome_of_code(code),
+                AdoptedEnd::Vanished => HarnessOutcome::Failed { complete: true },
+                AdoptedEnd::TimedOut => HarnessOutcome::HarnessTimeout,
             }
         }))
     }
 }
 
-impl CommandLauncher {
-    /// How often an adopted harness's status file is looked for.
-    const POLL: Duration = Duration::from_millis(100);
-}
-
-/// How an adopted harness ended: its status file, or, if the process is
-/// gone without writing one, killed (a complete failure); `None` while it
-/// runs.
-fn adopted_end(spec: &LaunchSpec, leader: Pid) -> Option<HarnessOutcome> {
+/// How an adopted harness ended: its status file, or gone without one;
+/// `None` while it runs.
+fn adopted_end(spec: &LaunchSpec, leader: Option<Pid>) -> Option<AdoptedEnd> {
     if let Some(code) = read_status(&spec.status()) {
-        return Some(outcome_of_code(code));
+        return Some(AdoptedEnd::Exited(code));
     }
-    if orphans::is_harness_of(leader, &spec.run, &spec.execution) {
+    if leader.is_some_and(|l| orphans::is_harness_of(l, &spec.run, &spec.execution)) {
         return None;
     }
     // It may have written the file just before it went.
-    Some(
-        read_status(&spec.status())
-            .map_or(HarnessOutcome::Failed { complete: true }, outcome_of_code),
-    )
+    Some(read_status(&spec.status()).map_or(AdoptedEnd::Vanished, AdoptedEnd::Exited))
 }
 
 /// Kills a harness's process group when its run ends or is dropped (an
@@ -393,19 +438,19 @@ mod tests {
         let now = SystemTime::now();
         // It ends by itself: the code it wrote decides.
         let (_c, leader) = orphan(&spec, "sleep 0.3; exit 3");
-        let run = l.adopt(spec.clone(), leader, now).unwrap();
+        let run = l.adopt(spec.clone(), Some(leader), now).unwrap();
         assert_eq!(run.await, HarnessOutcome::Failed { complete: false });
         assert_eq!(read_status(&spec.status()), Some(3));
         std::fs::remove_file(spec.status()).unwrap();
         let (_c, leader) = orphan(&spec, "sleep 0.2");
         assert_eq!(
-            l.adopt(spec.clone(), leader, now).unwrap().await,
+            l.adopt(spec.clone(), Some(leader), now).unwrap().await,
             HarnessOutcome::Completed
         );
         std::fs::remove_file(spec.status()).unwrap();
         // Killed with its shell: no status, a complete failure.
         let (_c, leader) = orphan(&spec, "sleep 30");
-        let run = tokio::spawn(l.adopt(spec.clone(), leader, now).unwrap());
+        let run = tokio::spawn(l.adopt(spec.clone(), Some(leader), now).unwrap());
         tokio::time::sleep(Duration::from_millis(200)).await;
         killpg(leader, Signal::SIGKILL).unwrap();
         assert_eq!(
@@ -417,7 +462,7 @@ mod tests {
         let (mut c, leader) = orphan(&spec, "sleep 300 & sleep 300");
         let started = now - Duration::from_millis(29_700);
         let t = std::time::Instant::now();
-        let outcome = l.adopt(spec.clone(), leader, started).unwrap().await;
+        let outcome = l.adopt(spec.clone(), Some(leader), started).unwrap().await;
         assert_eq!(outcome, HarnessOutcome::HarnessTimeout);
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
         let _ = c.wait();
