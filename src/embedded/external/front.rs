@@ -111,6 +111,12 @@ impl Front {
                 .or_else(|| self.launcher.query_of(group.0))
                 .unwrap_or_else(|| self.task.query(group.0)),
         };
+        self.start(exec, group, query);
+    }
+
+    /// Creates `exec`'s gateway execution and starts its harness on
+    /// `query`.
+    fn start(&mut self, exec: ExecId, group: GroupId, query: u64) {
         let workspace = self.dir.join("workspaces").join(format!("e{}", exec.0));
         let logs = self.dir.join("logs");
         let launched = Launched {
@@ -165,7 +171,6 @@ impl Front {
     /// committed go to `exec`, and its harness, still running, is waited
     /// for (its calls reach `exec` from now on), or, ended, is scored.
     fn adopt(&mut self, exec: ExecId, group: GroupId, mut m: Member) {
-        self.executions.register(&m.id, exec);
         // The group it was launched in names its folders and logs.
         let launched_in = m
             .launched
@@ -178,11 +183,24 @@ impl Front {
         m.launched.adopted_from.push(was);
         m.launched.incarnation = self.incarnation;
         m.launched.group = group.0;
-        if let Ok(label) = serde_json::to_value(&m.launched)
-            && let Err(e) = self.gateway.describe_execution(&m.id, label)
-        {
-            tracing::warn!(execution = %m.id, error = %e.message(), "an adopted execution was not relabelled");
+        let relabelled = serde_json::to_value(&m.launched)
+            .map_err(|e| e.to_string())
+            .and_then(|label| {
+                self.gateway
+                    .describe_execution(&m.id, label)
+                    .map_err(|e| e.message().to_string())
+            });
+        if let Err(error) = relabelled {
+            // Unlabelled, a later resume would judge it by the lost head's
+            // journal and could train it twice: it is not adopted.
+            tracing::warn!(execution = %m.id, %error, "an adopted execution could not be relabelled; its group's member starts afresh");
+            if let State::Running(leader) = m.state {
+                let _ = nix::sys::signal::killpg(leader, nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = self.gateway.close_execution(&m.id);
+            return self.start(exec, group, m.launched.query);
         }
+        self.executions.register(&m.id, exec);
         let l = &m.launched;
         self.board.begin(
             exec,
