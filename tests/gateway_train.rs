@@ -566,6 +566,11 @@ fn a_resumed_job_head_adopts_its_sandboxed_harnesses() {
         .unwrap()
         .port();
     let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    // The job's folder holds its scripts: the sandbox shows it, while a
+    // checkout under /tmp is hidden by the sandbox's fresh /tmp.
+    let (agent, grader) = (dir.path().join("agent.py"), dir.path().join("grade.py"));
+    std::fs::copy(AGENT, &agent).unwrap();
+    std::fs::copy(GRADER, &grader).unwrap();
     let job = dir.path().join("job.toml");
     std::fs::write(
         &job,
@@ -574,12 +579,12 @@ fn a_resumed_job_head_adopts_its_sandboxed_harnesses() {
 [tasks]
 dir = "{examples}/tasks/byte_game"
 [harness]
-command = ["python3", "{AGENT}"]
+command = ["python3", "{agent}"]
 timeout = "120s"
 kill_grace = "1s"
 env = {{ AGENT_TURNS = "8", AGENT_PAUSE = "1", AGENT_MAX_RETRIES = "40" }}
 [evaluator]
-command = ["python3", "{GRADER}", "{{workspace}}"]
+command = ["python3", "{grader}", "{{workspace}}"]
 [run]
 overall_timeout = "300s"
 concurrency = 64
@@ -595,7 +600,9 @@ steps = 4
 every = 1
 dir = "{ck}"
 "#,
-            ck = ck.display()
+            ck = ck.display(),
+            agent = agent.display(),
+            grader = grader.display(),
         ),
     )
     .unwrap();
