@@ -88,19 +88,23 @@ pub fn scan(run: &str) -> Vec<RunProcess> {
 /// Whether `pid` runs (not a zombie) and is still the harness of
 /// `execution` of `run`: a process id reused by another process is not.
 pub fn is_harness_of(pid: Pid, run: &str, execution: &str) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-    let running = stat.is_ok_and(|s| {
+    is_running(pid)
+        && scan_one(pid).is_some_and(|vars| {
+            vars.contains(&format!("{RUN_VAR}={run}"))
+                && vars.contains(&format!("{EXECUTION_VAR}={execution}"))
+        })
+}
+
+/// Whether `pid` runs: a killed process stays a zombie until its parent
+/// waits for it, which counts as gone.
+pub fn is_running(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
         !s.rsplit(')')
             .next()
             .unwrap_or("")
             .trim_start()
             .starts_with('Z')
-    });
-    running
-        && scan_one(pid).is_some_and(|vars| {
-            vars.contains(&format!("{RUN_VAR}={run}"))
-                && vars.contains(&format!("{EXECUTION_VAR}={execution}"))
-        })
+    })
 }
 
 fn scan_one(pid: Pid) -> Option<Vec<String>> {
@@ -336,16 +340,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn alive(pid: Pid) -> bool {
-        // A killed child stays a zombie until waited for: count it gone.
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(false)
+        is_running(pid)
     }
 
     #[test]

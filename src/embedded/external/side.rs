@@ -30,6 +30,7 @@ use super::board::Board;
 use super::bridge::{BridgeMsg, GatewayHarness, ToFront};
 use super::evaluator::{CommandEvaluator, WorkspaceScorer};
 use super::front::{Front, forward};
+use super::launcher::read_status;
 use super::plane::{Executions, Inbox, PlaneEngine, PlaneRecords};
 use super::run::{GatewayOptions, GatewayRunError, HarnessSummary};
 use super::streams::CallStreams;
@@ -105,7 +106,7 @@ pub struct AdoptionReport {
     /// Calls the adopted members had recorded under the lost head, kept
     /// for training rather than made again.
     pub records: u64,
-    /// Groups with a running harness beyond the run's first dispatch.
+    /// Adoptable groups beyond the run's first dispatch (redone).
     pub groups_left: u64,
     /// Harness processes of the run killed (not adopted).
     pub killed: u64,
@@ -250,7 +251,7 @@ impl Prepared {
                 adopt::plan(
                     &metas,
                     &orphans::leaders(&run),
-                    |p| std::fs::read_to_string(p).ok()?.trim().parse().ok(),
+                    read_status,
                     &run,
                     &api_base,
                     &trained,

@@ -261,8 +261,6 @@ impl Scheduler {
         })
     }
 
-    /// The proxy retries a rejected call on the same engine (remote
-    /// engines' transient failures); off by default.
     /// Tells `observer` the groups of every batch the packer seals (a
     /// cluster's head journals them: [`SealedBatch`]).
     pub fn with_sealed_observer(mut self, observer: Recipient<SealedBatch>) -> Self {
@@ -270,6 +268,8 @@ impl Scheduler {
         self
     }
 
+    /// The proxy retries a rejected call on the same engine (remote
+    /// engines' transient failures); off by default.
     pub fn with_reject_retry(mut self, r: RejectRetry) -> Self {
         self.reject_retry = r;
         self
