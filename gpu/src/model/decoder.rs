@@ -13,9 +13,9 @@ use candle_core::{Device, Tensor};
 use super::Model;
 use super::config::{DecoderArch, Family, ModelConfig};
 use super::forward::{
-    KvStore, Segment, attend, attend_ragged, causal_mask, check_batch, ragged_positions,
-    rms_norm_eps, wanted_logits,
+    KvStore, Segment, attend_ragged, check_batch, ragged_positions, rms_norm_eps, wanted_logits,
 };
+use super::fused_attention::causal_attention;
 use super::params::ParamLayout;
 use super::rope::{self, RopeTables};
 use crate::error::ModelError;
@@ -174,20 +174,6 @@ impl DecoderWeights {
         let act = super::fused::silu_mul(&l.gate.forward(&h)?, &l.up.forward(&h)?)?;
         l.down.forward(&act)
     }
-
-    /// Each of the `kv_heads` heads at `axis` repeated for the query heads
-    /// that share it (head j serves queries j·rep .. j·rep + rep − 1).
-    fn repeat_kv(&self, x: &Tensor, axis: usize) -> Result<Tensor, ModelError> {
-        let rep = self.cfg.heads / self.arch.kv_heads;
-        if rep == 1 {
-            return Ok(x.clone());
-        }
-        let mut dims = x.dims().to_vec();
-        let x = x.unsqueeze(axis + 1)?;
-        let copies = vec![&x; rep];
-        dims[axis] *= rep;
-        Ok(Tensor::cat(&copies, axis + 1)?.reshape(dims)?)
-    }
 }
 
 impl Model for DecoderWeights {
@@ -200,7 +186,6 @@ impl Model for DecoderWeights {
         let (d, hd) = (self.cfg.width, self.arch.head_dim);
         let idx = Tensor::from_slice(ids, n * t, &Device::Cpu)?;
         let mut x = self.embed.embedding(&idx)?.reshape((n, t, d))?;
-        let mask = causal_mask(t, 0)?;
         let cos = self.rope.cos.narrow(0, 0, t)?;
         let sin = self.rope.sin.narrow(0, 0, t)?;
         for l in &self.layers {
@@ -210,8 +195,7 @@ impl Model for DecoderWeights {
             let q = rope::apply(&q.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
             let k = rope::apply(&k.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
             let v = v.transpose(1, 2)?.contiguous()?;
-            let (k, v) = (self.repeat_kv(&k, 1)?, self.repeat_kv(&v, 1)?);
-            let a = attend(&q, &k, &v, &mask, hd)?.transpose(1, 2)?.reshape((
+            let a = causal_attention(&q, &k, &v)?.transpose(1, 2)?.reshape((
                 n,
                 t,
                 self.cfg.heads * hd,
@@ -256,43 +240,5 @@ impl Model for DecoderWeights {
             x = (&x + self.mlp(l, &x)?)?;
         }
         wanted_logits(self, &x, want)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::config::Arch;
-    use crate::model::{ParamBuffer, Weights};
-
-    #[test]
-    fn repeat_kv_serves_consecutive_query_heads() {
-        let cfg = ModelConfig {
-            vocab: 10,
-            layers: 1,
-            heads: 4,
-            width: 8,
-            ffn: 8,
-            context: 4,
-            arch: Arch::Decoder(DecoderArch {
-                family: Family::Llama,
-                kv_heads: 2,
-                head_dim: 2,
-                rope_theta: 10_000.0,
-                rope_scaling: None,
-                norm_eps: 1e-6,
-                tie_embeddings: true,
-                attention_bias: false,
-            }),
-        };
-        let p = ParamBuffer::init(&cfg, 1).unwrap();
-        let Weights::Decoder(w) = Weights::from_flat(&cfg, &p.data).unwrap() else {
-            panic!("a decoder config builds decoder weights");
-        };
-        let x = Tensor::from_vec(vec![0f32, 0., 1., 1.], (2, 1, 2), &Device::Cpu).unwrap();
-        let r = w.repeat_kv(&x, 0).unwrap();
-        assert_eq!(r.dims(), &[4, 1, 2]);
-        let v = r.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(v, vec![0., 0., 0., 0., 1., 1., 1., 1.]);
     }
 }

@@ -43,25 +43,39 @@ impl CustomOp1 for SoftmaxLast {
         let (x, dim) = f32_rows(s, l, self.name())?;
         let mut y = vec![0f32; x.len()];
         for (x, y) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
-            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if max == f32::NEG_INFINITY {
-                continue;
-            }
-            let mut sum = 0f32;
-            for (y, &x) in y.iter_mut().zip(x) {
-                *y = (x - max).exp();
-                sum += *y;
-            }
-            let inv = 1.0 / sum;
-            for y in y.iter_mut() {
-                *y *= inv;
-            }
+            softmax_row(x, y);
         }
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(y.apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxGrad)?))
+    }
+}
+
+/// One row of [`softmax_last`] into `y` (left as it is, zeros, for a row
+/// that is all −∞).
+pub(super) fn softmax_row(x: &[f32], y: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return;
+    }
+    let mut sum = 0f32;
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = (x - max).exp();
+        sum += *y;
+    }
+    let inv = 1.0 / sum;
+    for y in y.iter_mut() {
+        *y *= inv;
+    }
+}
+
+/// One row of the softmax's backward: dx = y ∘ (dy − Σ y∘dy).
+pub(super) fn softmax_grad_row(y: &[f32], dy: &[f32], dx: &mut [f32]) {
+    let dot: f32 = y.iter().zip(dy).map(|(a, b)| a * b).sum();
+    for ((dx, &y), &dy) in dx.iter_mut().zip(y).zip(dy) {
+        *dx = y * (dy - dot);
     }
 }
 
@@ -91,10 +105,7 @@ impl CustomOp2 for SoftmaxGrad {
             .zip(dy.chunks_exact(dim))
             .zip(dx.chunks_exact_mut(dim))
         {
-            let dot: f32 = y.iter().zip(dy).map(|(a, b)| a * b).sum();
-            for ((dx, &y), &dy) in dx.iter_mut().zip(y).zip(dy) {
-                *dx = y * (dy - dot);
-            }
+            softmax_grad_row(y, dy, dx);
         }
         Ok((CpuStorage::F32(dx), yl.shape().clone()))
     }
@@ -417,7 +428,7 @@ impl CustomOp3 for SiluMulGrad {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use candle_core::{D, Device, Var};
 
@@ -428,7 +439,7 @@ mod tests {
         e.broadcast_div(&s).unwrap()
     }
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b)
             .unwrap()
             .abs()
@@ -439,18 +450,18 @@ mod tests {
             .unwrap()
     }
 
-    fn randn(mean: f32, std: f32, shape: impl Into<Shape>) -> Tensor {
+    pub(crate) fn randn(mean: f32, std: f32, shape: impl Into<Shape>) -> Tensor {
         Tensor::randn(mean, std, shape, &Device::Cpu).unwrap()
     }
 
-    fn var(t: Tensor) -> Var {
+    pub(crate) fn var(t: Tensor) -> Var {
         Var::from_tensor(&t.contiguous().unwrap()).unwrap()
     }
 
     /// The fused op and the composed ops it replaces agree within `value`
     /// on the output and within `grad` on the gradient of each input, for
     /// a random weighting of the output (any loss reaches an op that way).
-    fn assert_same_fn(
+    pub(crate) fn assert_same_fn(
         inputs: &[&Var],
         fused: impl Fn(&[&Tensor]) -> Tensor,
         composed: impl Fn(&[&Tensor]) -> Tensor,

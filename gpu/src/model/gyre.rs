@@ -8,9 +8,9 @@ use candle_core::{Device, Tensor};
 use super::Model;
 use super::config::ModelConfig;
 use super::forward::{
-    KvStore, Segment, attend, attend_ragged, causal_mask, check_batch, ragged_positions,
-    rms_norm_eps, wanted_logits,
+    KvStore, Segment, attend_ragged, check_batch, ragged_positions, rms_norm_eps, wanted_logits,
 };
+use super::fused_attention::causal_attention;
 use crate::error::ModelError;
 
 const NORM_EPS: f64 = 1e-5;
@@ -88,7 +88,6 @@ impl Model for GyreWeights {
         let idx = Tensor::from_slice(ids, n * t, &Device::Cpu)?;
         let x = self.tok_emb.embedding(&idx)?.reshape((n, t, d))?;
         let mut x = x.broadcast_add(&self.pos_emb.narrow(0, 0, t)?)?;
-        let mask = causal_mask(t, 0)?;
         for l in &self.layers {
             let hn = rms_norm(&x, &l.attn_norm)?;
             let qkv = hn.broadcast_matmul(&l.wqkv)?;
@@ -100,7 +99,7 @@ impl Model for GyreWeights {
                     .contiguous()?)
             };
             let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-            let a = attend(&q, &k, &v, &mask, hd)?
+            let a = causal_attention(&q, &k, &v)?
                 .transpose(1, 2)?
                 .reshape((n, t, d))?;
             x = (x + a.broadcast_matmul(&l.wo)?)?;

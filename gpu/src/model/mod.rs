@@ -8,6 +8,7 @@
 //! - [`weights`]: that buffer as tensors (plain or `Var`s), by architecture;
 //! - [`forward`]: shared arithmetic and the two entry points;
 //! - [`fused`]: one-pass CPU kernels with their backward passes;
+//! - [`fused_attention`]: causal attention over whole rows, for training;
 //! - [`gyre`], [`decoder`], [`rope`]: the architectures;
 //! - [`safetensors_io`]: Gyre's single-file checkpoints;
 //! - [`hf`]: Hugging Face checkpoint directories (config.json, shards,
@@ -18,6 +19,7 @@ pub mod config;
 pub mod decoder;
 pub mod forward;
 pub mod fused;
+pub mod fused_attention;
 pub mod gyre;
 pub mod hf;
 pub mod params;
