@@ -8,6 +8,7 @@
 //! arithmetic as the composed version, in the same order per row.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
 
 use crate::error::ModelError;
 
@@ -50,6 +51,44 @@ impl CustomOp1 for SoftmaxLast {
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(y.apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxGrad)?))
+    }
+}
+
+/// Elementwise maps of at least this many elements run on rayon's pool
+/// (the matrix products' threads, so no second pool competes with them);
+/// smaller ones, a decode step's, stay on the calling thread. Each element
+/// is computed the same way on any thread.
+const PARALLEL_FROM: usize = 1 << 15;
+
+fn map1(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    if x.len() < PARALLEL_FROM {
+        x.iter().map(|&x| f(x)).collect()
+    } else {
+        x.par_iter().map(|&x| f(x)).collect()
+    }
+}
+
+fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    if a.len() < PARALLEL_FROM {
+        a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect()
+    } else {
+        a.par_iter().zip(b).map(|(&a, &b)| f(a, b)).collect()
+    }
+}
+
+fn map3(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32 + Sync) -> Vec<f32> {
+    if a.len() < PARALLEL_FROM {
+        a.iter()
+            .zip(b)
+            .zip(c)
+            .map(|((&a, &b), &c)| f(a, b, c))
+            .collect()
+    } else {
+        a.par_iter()
+            .zip(b)
+            .zip(c)
+            .map(|((&a, &b), &c)| f(a, b, c))
+            .collect()
     }
 }
 
@@ -293,7 +332,7 @@ impl CustomOp1 for GeluErf {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, _) = f32_rows(s, l, self.name())?;
-        let y = x.iter().map(|&x| x * phi(x).0).collect();
+        let y = map1(x, |x| x * phi(x).0);
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
@@ -322,14 +361,10 @@ impl CustomOp2 for GeluErfGrad {
         if dy.len() != x.len() {
             candle_core::bail!("{}: shapes differ", self.name());
         }
-        let dx = x
-            .iter()
-            .zip(dy)
-            .map(|(&x, &dy)| {
-                let (cdf, pdf) = phi(x);
-                dy * (cdf + x * pdf)
-            })
-            .collect();
+        let dx = map2(x, dy, |x, dy| {
+            let (cdf, pdf) = phi(x);
+            dy * (cdf + x * pdf)
+        });
         Ok((CpuStorage::F32(dx), xl.shape().clone()))
     }
 }
@@ -371,7 +406,7 @@ impl CustomOp2 for SiluMul {
         ul: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, u) = same_len((gs, gl), (us, ul), self.name())?;
-        let y = g.iter().zip(u).map(|(&g, &u)| g * sigmoid(g) * u).collect();
+        let y = map2(g, u, |g, u| g * sigmoid(g) * u);
         Ok((CpuStorage::F32(y), gl.shape().clone()))
     }
 
@@ -410,19 +445,15 @@ impl CustomOp3 for SiluMulGrad {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, u) = same_len((gs, gl), (us, ul), self.name())?;
         let (_, dy) = same_len((gs, gl), (ds, dl), self.name())?;
-        let d = g
-            .iter()
-            .zip(u)
-            .zip(dy)
-            .map(|((&g, &u), &dy)| {
-                let s = sigmoid(g);
-                if self.of_gate {
-                    dy * u * s * (1.0 + g * (1.0 - s))
-                } else {
-                    dy * g * s
-                }
-            })
-            .collect();
+        let of_gate = self.of_gate;
+        let d = map3(g, u, dy, |g, u, dy| {
+            let s = sigmoid(g);
+            if of_gate {
+                dy * u * s * (1.0 + g * (1.0 - s))
+            } else {
+                dy * g * s
+            }
+        });
         Ok((CpuStorage::F32(d), gl.shape().clone()))
     }
 }
