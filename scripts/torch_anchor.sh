@@ -13,6 +13,10 @@
 #
 #   TORCH_VENV=/tmp/torch-venv scripts/torch_anchor.sh [ROUNDS] [REPS]
 #
+# With GYRE_BEFORE=PATH (a `torch_anchor` binary of an earlier commit, e.g.
+# copied from target/release/examples before a change), each round runs it
+# too, and the table gains a "before" column and the now/before ratio.
+#
 # Needs a venv (default /tmp/torch-venv, outside the repo) with torch and
 # transformers; PyPI's torch brings its nvidia-* wheels (about 6 GB):
 #   python3 -m venv /tmp/torch-venv
@@ -34,6 +38,9 @@ rm -rf "$dir" && "$gyre" write "$dir/ckpt"
 : > "$dir/results.jsonl"
 for r in $(seq "$rounds"); do
   for m in ckpt/qwen3 ckpt/gyre.safetensors; do
+    if [ -n "${GYRE_BEFORE:-}" ]; then
+      "$GYRE_BEFORE" bench "$dir/$m" "$reps" | sed 's/"impl":"gyre"/"impl":"before"/' | tee -a "$dir/results.jsonl"
+    fi
     "$gyre" bench "$dir/$m" "$reps" | tee -a "$dir/results.jsonl"
     "$py" scripts/torch_anchor.py "$dir/$m" "$reps" | tee -a "$dir/results.jsonl"
   done
@@ -44,7 +51,7 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 def med(impl, model, key):
     return statistics.median(r[key] for r in rows if r["impl"] == impl and r["model"] == model)
 torch_row = next(r for r in rows if r["impl"] == "torch")
-print(f"\n{len(rows)//4} rounds; torch {torch_row['torch']}, {torch_row['threads']} torch threads, "
+print(f"\n{sum(r['impl'] == 'torch' for r in rows) // 2} rounds; torch {torch_row['torch']}, {torch_row['threads']} torch threads, "
       f"{rows[0]['threads']} cores")
 bad = False
 for model in ["qwen3", "gyre"]:
@@ -53,14 +60,23 @@ for model in ["qwen3", "gyre"]:
     diff = max(abs(a - b) for a, b in zip(g, t)) if len(g) == len(t) else float("inf")
     print(f"{model}: {len(g)} target log-probs, max |Gyre - PyTorch| = {diff:.2e}")
     bad |= not diff <= 1e-4
-print("| model | what | Gyre tokens/s | PyTorch tokens/s | Gyre / PyTorch |")
-print("|---|---|---:|---:|---:|")
+before = any(r["impl"] == "before" for r in rows)
+if before:
+    print("| model | what | Gyre before | Gyre now | PyTorch | now / before | now / PyTorch (before / PyTorch) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+else:
+    print("| model | what | Gyre tokens/s | PyTorch tokens/s | Gyre / PyTorch |")
+    print("|---|---|---:|---:|---:|")
 for model in ["qwen3", "gyre"]:
     for what, key in [("generation, 1 request x 64 tokens", "generate_1"),
                       ("generation, 32 concurrent x 64 tokens", "generate_32"),
                       ("training fwd+bwd+AdamW, 8 rows x 128 tokens", "train")]:
         toks = rows[0][key + "_tokens"]
         g, t = toks / med("gyre", model, key + "_s"), toks / med("torch", model, key + "_s")
-        print(f"| {model} | {what} | {g:,.0f} | {t:,.0f} | {g / t:.2f} |")
+        if before:
+            b = toks / med("before", model, key + "_s")
+            print(f"| {model} | {what} | {b:,.0f} | {g:,.0f} | {t:,.0f} | {g / b:.2f} | {g / t:.2f} ({b / t:.2f}) |")
+        else:
+            print(f"| {model} | {what} | {g:,.0f} | {t:,.0f} | {g / t:.2f} |")
 sys.exit("log-probs differ by more than 1e-4" if bad else 0)
 PY
