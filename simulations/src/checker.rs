@@ -57,6 +57,41 @@ struct Seen {
     roles: Vec<Role>,
 }
 
+/// Intervals of time during which something held (here: C_R > 0).
+#[derive(Debug, Default)]
+struct UpTime {
+    /// Closed intervals, oldest first.
+    past: std::collections::VecDeque<(Nanos, Nanos)>,
+    /// The start of the interval still open.
+    since: Option<Nanos>,
+}
+
+impl UpTime {
+    fn observe(&mut self, now: Nanos, up: bool) {
+        match (self.since, up) {
+            (None, true) => self.since = Some(now),
+            (Some(start), false) => {
+                self.past.push_back((start, now));
+                self.since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// How long it held within [from, to].
+    fn up_within(&self, from: Nanos, to: Nanos) -> Nanos {
+        let overlap = |(a, b): (Nanos, Nanos)| b.min(to).saturating_sub(a.max(from));
+        let open = self.since.map_or(0, |a| overlap((a, to)));
+        self.past.iter().map(|i| overlap(*i)).sum::<Nanos>() + open
+    }
+
+    fn forget_before(&mut self, t: Nanos) {
+        while self.past.front().is_some_and(|(_, end)| *end < t) {
+            self.past.pop_front();
+        }
+    }
+}
+
 /// The per-event invariant checker of one cluster.
 #[derive(Debug)]
 pub struct Checker {
@@ -79,9 +114,13 @@ pub struct Checker {
     trained: BTreeSet<GroupId>,
     /// The version each rollout engine served at the last event.
     served: Vec<u64>,
-    /// Since when C_R has been 0 (`None` while some engine serves).
-    no_capacity_since: Option<Nanos>,
-    /// Harness call timeouts seen, and those excused by a C_R of 0.
+    /// When C_R was above 0 (some engine serving rollout).
+    capacity: UpTime,
+    /// A call timeout is excused when, over the call's whole timeout, C_R
+    /// was above 0 for less than this: no engine was up long enough to
+    /// serve it (see [`Checker::with_service_bound`]).
+    service_bound: Nanos,
+    /// Harness call timeouts seen, and those excused as unservable.
     timeouts_seen: u64,
     excused_timeouts: u64,
 }
@@ -108,10 +147,22 @@ impl Checker {
             redone_seen: 0,
             trained: BTreeSet::new(),
             served: vec![0; n_engines],
-            no_capacity_since: None,
+            capacity: UpTime::default(),
+            service_bound: 1,
             timeouts_seen: 0,
             excused_timeouts: 0,
         }
+    }
+
+    /// Excuses a harness call timeout when C_R was above 0 for less than
+    /// `bound` over the call's timeout (by default, only when it was 0
+    /// throughout): a bound on one call's service, from the cluster's
+    /// costs, makes an outage broken by windows too short to serve any
+    /// call an outage too, while a call that waited through a window long
+    /// enough is still a failure of the serving side.
+    pub fn with_service_bound(mut self, bound: Nanos) -> Self {
+        self.service_bound = bound.max(1);
+        self
     }
 
     /// Harness call timeouts excused because no engine could serve.
@@ -280,20 +331,16 @@ impl Checker {
 
         let h = view.actor(self.harness).ok_or("the harness is gone")?;
         let hs = h.stats();
-        if ledger.rollout_capacity() > 0 {
-            self.no_capacity_since = None;
-        } else if self.no_capacity_since.is_none() {
-            self.no_capacity_since = Some(now);
-        }
+        self.capacity.observe(now, ledger.rollout_capacity() > 0);
         if hs.call_timeouts > self.timeouts_seen {
             let new = hs.call_timeouts - self.timeouts_seen;
             self.timeouts_seen = hs.call_timeouts;
-            let unservable = self
-                .no_capacity_since
-                .is_some_and(|since| now.saturating_sub(since) >= h.call_timeout());
-            if unservable {
+            let window = h.call_timeout();
+            let up = self.capacity.up_within(now.saturating_sub(window), now);
+            if up < self.service_bound {
                 self.excused_timeouts += new;
             }
+            self.capacity.forget_before(now.saturating_sub(window));
         }
         let failed_calls = hs.call_timeouts - self.excused_timeouts;
         if failed_calls > 0 || hs.stray_answers > 0 {

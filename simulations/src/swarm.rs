@@ -256,6 +256,29 @@ pub fn run_swarm(cfg: &ClusterConfig, plan: FaultPlan) -> Result<SwarmOutcome, R
     run_swarm_inspect(cfg, plan, &mut |_| {})
 }
 
+/// The longest one model call of `cfg` can take on an engine once it is
+/// sent: the base cost, the largest prompt's prefill, the most output
+/// tokens decoded, each at its maximum, slowed by a full engine's load,
+/// and a second of messages around it. A call timeout is the serving
+/// side's failure only if engines were up for at least this long within
+/// it (see `Checker::with_service_bound`).
+pub fn longest_call(cfg: &ClusterConfig) -> Nanos {
+    let e = &cfg.costs.engine;
+    let w = &cfg.costs.workload;
+    let prompt = w.first_prompt.max.saturating_add(
+        w.calls
+            .max
+            .saturating_mul(w.growth.max.saturating_add(e.output_tokens.max)),
+    );
+    let work = e
+        .call_base
+        .max
+        .saturating_add(prompt.saturating_mul(e.prefill_per_token))
+        .saturating_add(e.output_tokens.max.saturating_mul(e.decode_per_token));
+    let load = 1.0 + e.load_slowdown.max(0.0);
+    ((work as f64 * load) as Nanos).saturating_add(SECS)
+}
+
 /// [`run_swarm`], handing the cluster as it ended to `inspect` (a replay
 /// printing the actors' states).
 pub fn run_swarm_inspect(
@@ -265,7 +288,9 @@ pub fn run_swarm_inspect(
 ) -> Result<SwarmOutcome, RunError> {
     let mut cluster = build(cfg)?;
     let healthy: LinkModel = cfg.link;
-    let checker = Rc::new(RefCell::new(Checker::new(&cluster)));
+    let checker = Rc::new(RefCell::new(
+        Checker::new(&cluster).with_service_bound(longest_call(cfg)),
+    ));
     let c = Rc::clone(&checker);
     cluster
         .sim

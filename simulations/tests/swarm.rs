@@ -131,6 +131,36 @@ fn a_call_no_engine_could_serve_times_out_as_defined() {
     assert!(outcome.unservable_timeouts > 0, "{outcome}");
 }
 
+/// Seed 999,141 (a release scan of seeds 600,000..1,200,000): losses left
+/// two running executions and one slot; the slot's holder thought for
+/// minutes between calls on an idle engine while the other's call waited
+/// for a slot past the harness's 300 s call timeout. Executions without a
+/// slot now have their calls served as guests by the engines serving
+/// rollout (`ProxyMsg::Lend`); without that, this seed fails.
+#[test]
+fn a_call_of_an_execution_without_a_slot_is_served_by_a_lending_engine() {
+    let outcome = run_swarm_seed(999_141).expect("the seed runs");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert_eq!(outcome.unservable_timeouts, 0, "{outcome}");
+}
+
+/// Seed 814,582 (the same scan): the only cell's node was crashed or cut
+/// off for all of a call's 300 s timeout but 1.2 s, less than the engine
+/// needs to serve one call; the checker took that window for service
+/// time. A timeout is excused when engines were up, within it, for less
+/// than the longest one call can take (`swarm::longest_call`).
+#[test]
+fn a_window_too_short_to_serve_a_call_does_not_make_its_timeout_a_failure() {
+    let cfg = gyre_simulations::swarm::swarm_config(814_582);
+    assert!(
+        gyre_simulations::swarm::longest_call(&cfg) > 1_300_000_000,
+        "the window is shorter than a call"
+    );
+    let outcome = run_swarm_seed(814_582).expect("the seed runs");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert!(outcome.unservable_timeouts > 0, "{outcome}");
+}
+
 /// Seed 1,119,124 (a release scan of seeds 900,000..1,200,000): cell 1 was
 /// lost while it read a KV prefix cell 0 handed it, rejoined, and was
 /// handed the same execution again by cell 0's next switch. Its outbox

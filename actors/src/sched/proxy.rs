@@ -7,6 +7,16 @@
 //! step 3). Each call is answered to its execution exactly once, whatever
 //! number of attempts it took. Reroutes are counted per execution.
 //!
+//! While a loss has left more running executions than slots, an
+//! execution without a route (waiting for a slot) does not wait for its
+//! calls too: the scheduler names the engines serving rollout
+//! ([`ProxyMsg::Lend`]), and each such call goes to the one with the
+//! fewest attempts of this proxy in flight, as a guest (its KV cache is
+//! computed there afresh; the execution still waits for a slot of its
+//! own). Without that, a call could wait for a whole execution of the
+//! slot's holder, thinking between its calls on an idle engine, past the
+//! harness's call timeout.
+//!
 //! Payloads pass by handle: a call's prompt handle is resent unchanged by
 //! every attempt (the harness owns it), and an answer's record handle goes to
 //! the execution. The record of an answer nobody waits for any more (a
@@ -90,6 +100,8 @@ pub struct ProxyStats {
     /// Attempts lost with their engine's node, tried again from the
     /// prompt elsewhere: their KV cache is recomputed, not moved.
     pub lost_attempts: u64,
+    /// Attempts of executions without a route, sent to a lending engine.
+    pub lent: u64,
 }
 
 #[derive(Debug)]
@@ -104,6 +116,9 @@ pub struct Proxy {
     /// call order.
     calls: FxHashMap<CallId, PendingCall>,
     reroutes: BTreeMap<ExecId, u32>,
+    /// Engines that serve calls of executions without a route (see the
+    /// module doc), in the scheduler's preference order.
+    lenders: Vec<EngineIx>,
     blobs: Option<Arc<dyn BlobStore>>,
     /// Attempts sent to engines and not yet answered.
     outbox: Outbox,
@@ -119,6 +134,7 @@ impl Proxy {
             closed: FxHashSet::default(),
             calls: FxHashMap::default(),
             reroutes: BTreeMap::new(),
+            lenders: Vec::new(),
             blobs: None,
             outbox: Outbox::new(None),
             reject_retry: RejectRetry::default(),
@@ -190,17 +206,39 @@ impl Proxy {
         calls
     }
 
+    /// The lending engine for a call of an execution without a route:
+    /// the one with the fewest attempts in flight from here (the first in
+    /// preference order among equals), other than `avoid`.
+    fn lender(&self, avoid: Option<EngineIx>) -> Option<EngineIx> {
+        self.lenders
+            .iter()
+            .copied()
+            .filter(|e| Some(*e) != avoid && self.engines.contains_key(e))
+            .min_by_key(|e| self.calls.values().filter(|p| p.at == Some(*e)).count())
+    }
+
     /// Sends a new attempt of `call` on its execution's route, or holds it.
     fn attempt(&mut self, call: CallId, cx: &mut Cx<'_, Self>) {
+        self.attempt_avoiding(call, None, cx);
+    }
+
+    /// As [`Self::attempt`]; without a route, on a lending engine other
+    /// than `avoid` if there is one.
+    fn attempt_avoiding(&mut self, call: CallId, avoid: Option<EngineIx>, cx: &mut Cx<'_, Self>) {
         let route = self.routes.get(&call.exec).copied();
+        let lent = route.is_none() && !self.closed.contains(&call.exec);
+        let engine = if lent { self.lender(avoid) } else { route };
         let Some(p) = self.calls.get_mut(&call) else {
             return;
         };
-        let Some((engine, port)) = route.and_then(|e| Some((e, *self.engines.get(&e)?))) else {
+        let Some((engine, port)) = engine.and_then(|e| Some((e, *self.engines.get(&e)?))) else {
             p.at = None;
             self.stats.held += 1;
             return;
         };
+        if lent {
+            self.stats.lent += 1;
+        }
         if p.attempt > 0 {
             self.stats.retries += 1;
         }
@@ -244,7 +282,16 @@ impl Proxy {
         let route = self.routes.get(&call.exec).copied();
         if route.is_some() && route != failed_on {
             self.attempt(call, cx);
-        } else if rejected && route.is_some() && p.same_engine < self.reject_retry.retries {
+            return;
+        }
+        if route.is_none() && self.lender(failed_on).is_some() {
+            self.attempt_avoiding(call, failed_on, cx);
+            return;
+        }
+        let Some(p) = self.calls.get_mut(&call) else {
+            return;
+        };
+        if rejected && route.is_some() && p.same_engine < self.reject_retry.retries {
             p.same_engine += 1;
             self.stats.same_engine_retries += 1;
             let after = self.reject_retry.delay(p.same_engine);
@@ -291,6 +338,7 @@ impl Proxy {
                 }
             }
         }
+        self.lenders.retain(|e| *e != engine);
         for call in self.calls_where(|_, p| p.at == Some(engine)) {
             if let Some(p) = self.calls.get_mut(&call) {
                 self.outbox.forget(&ReqKey::Serve(call, p.attempt));
@@ -424,6 +472,17 @@ impl Actor for Proxy {
             }
             ProxyMsg::Released => {}
             ProxyMsg::EngineLost { engine, moves } => self.engine_lost(engine, moves, cx),
+            ProxyMsg::Lend { engines } => {
+                self.lenders = engines;
+                if self.lenders.is_empty() {
+                    return;
+                }
+                let waiting =
+                    self.calls_where(|c, p| p.at.is_none() && !self.routes.contains_key(&c.exec));
+                for call in waiting {
+                    self.attempt(call, cx);
+                }
+            }
         }
     }
 }

@@ -171,3 +171,107 @@ fn without_the_knob_or_for_a_cancel_the_call_is_held_as_before() {
     assert!(r.served(0).is_empty(), "a cancel is a role change: held");
     assert_eq!(r.stats().same_engine_retries, 0);
 }
+
+impl Rig {
+    fn lend(&mut self, engines: &[EngineIx]) {
+        let engines = engines.to_vec();
+        self.sim
+            .inject(TESTER, self.proxy, ProxyMsg::Lend { engines });
+    }
+
+    fn answers(&mut self) -> Vec<CallId> {
+        self.sim.run().unwrap();
+        self.sim
+            .take_probe(self.exec)
+            .into_iter()
+            .filter_map(|r| match r.msg {
+                ExecMsg::Answer { call, .. } => Some(call),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_call_without_a_slot_is_served_as_a_guest_by_a_lending_engine() {
+    let mut r = rig(RejectRetry::default());
+    assert_eq!(r.served(0).len(), 1);
+    // Engine 0's node is lost and no slot is free: the execution has no
+    // route, and its call waits.
+    let lost = ProxyMsg::EngineLost {
+        engine: EngineIx::Cell(0),
+        moves: vec![(EXEC, None)],
+    };
+    r.sim.inject(TESTER, r.proxy, lost);
+    assert!(r.served(1).is_empty());
+    // Engine 1 lends itself: the call goes there, without a route.
+    r.lend(&[EngineIx::Cell(1)]);
+    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [2]);
+    assert_eq!(r.sim.actor(r.proxy).unwrap().route(EXEC), None);
+    // Refused there with no other lender: held until the lenders change.
+    r.reject(2);
+    assert!(r.served(1).is_empty());
+    r.lend(&[EngineIx::Cell(1), EngineIx::Cell(0)]);
+    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [3]);
+    // A second unplaced execution's call goes to the lender with fewer
+    // attempts in flight.
+    let other = CallId {
+        exec: ExecId(2),
+        seq: 0,
+    };
+    let call = ProxyMsg::Call {
+        call: other,
+        prompt_tokens: 4,
+        prompt: BlobId(8),
+        reply_to: r.exec.into(),
+    };
+    r.sim.inject(TESTER, r.proxy, call);
+    assert_eq!(r.served(0).iter().map(|s| s.1).collect::<Vec<_>>(), [1]);
+    // A slot frees and the first execution is placed while its guest call
+    // runs: the call is not sent again, and its answer is delivered once.
+    let route = ProxyMsg::Route {
+        exec: EXEC,
+        engine: EngineIx::Cell(0),
+    };
+    r.sim.inject(TESTER, r.proxy, route);
+    assert!(r.served(0).is_empty());
+    let done = CallEvent::Done {
+        call: CALL,
+        attempt: 3,
+        output_tokens: 5,
+        version: 0,
+        output: BlobId(9),
+    };
+    r.answer(done);
+    assert_eq!(r.answers(), [CALL]);
+    assert_eq!(r.stats().lent, 3);
+    // Nothing lends once every execution has a slot.
+    r.lend(&[]);
+    assert!(r.served(0).is_empty() && r.served(1).is_empty());
+}
+
+#[test]
+fn a_guest_call_cancelled_by_a_switch_moves_to_another_lender() {
+    let mut r = rig(RejectRetry::default());
+    assert_eq!(r.served(0).len(), 1);
+    let lost = ProxyMsg::EngineLost {
+        engine: EngineIx::Cell(0),
+        moves: vec![(EXEC, None)],
+    };
+    r.sim.inject(TESTER, r.proxy, lost);
+    r.lend(&[EngineIx::Cell(1), EngineIx::Cell(0)]);
+    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [2]);
+    r.answer(CallEvent::Cancelled {
+        call: CALL,
+        attempt: 2,
+    });
+    assert_eq!(r.served(0).iter().map(|s| s.1).collect::<Vec<_>>(), [3]);
+    // An engine lost while it serves a guest stops lending; the call goes
+    // to the lender left.
+    let lost = ProxyMsg::EngineLost {
+        engine: EngineIx::Cell(0),
+        moves: Vec::new(),
+    };
+    r.sim.inject(TESTER, r.proxy, lost);
+    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [4]);
+}

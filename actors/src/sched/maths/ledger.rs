@@ -193,6 +193,15 @@ impl Ledger {
         order
     }
 
+    /// Engines serving rollout now (in rollout, node not lost), in
+    /// preference order, whatever their free slots.
+    pub fn serving(&self) -> Vec<EngineIx> {
+        self.preference()
+            .into_iter()
+            .filter(|e| self.capacity_of(*e) > 0)
+            .collect()
+    }
+
     fn first_free(&self) -> Option<EngineIx> {
         self.preference()
             .into_iter()

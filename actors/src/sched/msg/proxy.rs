@@ -45,6 +45,13 @@ pub enum ProxyMsg {
         engine: EngineIx,
         moves: Vec<(ExecId, Option<EngineIx>)>,
     },
+    /// From the scheduler, while running executions outnumber the slots
+    /// (a loss left some unplaced): the engines serving rollout, which
+    /// lend themselves to the calls of executions without a route, one
+    /// call at a time (empty: lend nothing). Sent only when it changes.
+    Lend {
+        engines: Vec<EngineIx>,
+    },
 }
 
 impl From<CallEvent> for ProxyMsg {

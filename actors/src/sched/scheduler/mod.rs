@@ -194,6 +194,8 @@ pub struct Scheduler {
     /// Executions the dispatch rule released while an operator paused
     /// dispatch (`Some` while paused).
     held: Option<u64>,
+    /// The engines last named to the proxy as lenders (see [`Self::lend`]).
+    lent: Vec<EngineIx>,
     /// Told the groups of each sealed batch (the packer's observer).
     sealed: Option<Recipient<SealedBatch>>,
 }
@@ -252,6 +254,7 @@ impl Scheduler {
             pool_switch: None,
             log: SchedLog::default(),
             held: None,
+            lent: Vec::new(),
             sealed: None,
             peers: None,
             reject_retry: RejectRetry::default(),
@@ -490,6 +493,23 @@ impl Actor for Scheduler {
     }
 
     fn on_msg(&mut self, _from: ActorId, msg: SchedMsg, cx: &mut Cx<'_, Self>) {
+        self.handle(msg, cx);
+        self.lend(cx);
+    }
+
+    fn on_timer(&mut self, _timer: SchedTimer, cx: &mut Cx<'_, Self>) {
+        self.supply_timer = None;
+        self.try_transition(cx);
+    }
+
+    fn on_peer_down(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
+        self.on_node_down(node, cx);
+        self.lend(cx);
+    }
+}
+
+impl Scheduler {
+    fn handle(&mut self, msg: SchedMsg, cx: &mut Cx<'_, Self>) {
         match msg {
             SchedMsg::Closed { exec, status } => {
                 // Only a started (placed) execution can close.
@@ -552,12 +572,23 @@ impl Actor for Scheduler {
         }
     }
 
-    fn on_timer(&mut self, _timer: SchedTimer, cx: &mut Cx<'_, Self>) {
-        self.supply_timer = None;
-        self.try_transition(cx);
-    }
-
-    fn on_peer_down(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
-        self.on_node_down(node, cx);
+    /// Tells the proxy which engines lend themselves to the calls of
+    /// executions a loss left without a slot (none once every running
+    /// execution has one), when that changes. Fault-free runs never have
+    /// such executions, so they never send it.
+    fn lend(&mut self, cx: &mut Cx<'_, Self>) {
+        let engines = if self.ledger.unplaced() > 0 {
+            self.ledger.serving()
+        } else {
+            Vec::new()
+        };
+        if engines == self.lent {
+            return;
+        }
+        let Some(proxy) = self.peers.as_ref().map(|p| p.proxy) else {
+            return;
+        };
+        self.lent = engines.clone();
+        cx.send(proxy, crate::sched::proxy::ProxyMsg::Lend { engines });
     }
 }
