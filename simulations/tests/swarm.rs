@@ -180,6 +180,20 @@ fn a_hand_over_read_again_after_a_rejoin_is_not_taken_for_the_next() {
 /// restarted core resumes from its checkpoint (cell 0 switching its fresh
 /// backends to training again), rows of undurable steps are kept for the
 /// redo, and every invariant holds. `GYRE_LIVE_SWARM_SEEDS=N` runs more.
+/// Live seed 15,107 (a release scan of the live settings, seeds
+/// 0..20,000): the core's node was lost while cell 0 trained and the core
+/// published; on the node's return cell 0 switched its fresh backends to
+/// training again, and the burst's end asked it to return to rollout
+/// before that resync was done. The return's release of training memory
+/// and the resync's restore each took the other's answer for its own:
+/// cell 0 got an unexpected memory event and the run stalled. A return
+/// now waits for the resync.
+#[test]
+fn a_return_asked_during_a_resync_waits_for_it() {
+    let outcome = run_swarm(&live_swarm_config(15_107), live_plan(15_107)).expect("the seed runs");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+}
+
 #[test]
 fn the_live_clusters_settings_survive_node_crashes_announced_by_the_host() {
     let count = std::env::var("GYRE_LIVE_SWARM_SEEDS")

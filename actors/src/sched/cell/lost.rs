@@ -27,7 +27,10 @@
 //! cell then resends what it had asked there. Cell 0 lost after its switch
 //! to training had completed also makes the switch again on the fresh
 //! backends (`Resync`: unload, release rollout memory, restore training
-//! memory), holding a batch the core sends meanwhile until it is done; a
+//! memory), holding a batch the core sends meanwhile, and a return to
+//! rollout the scheduler asks for meanwhile, until it is done (a return
+//! begun under it would release training memory while the resync
+//! restores it, and each would take the other's answer for its own); a
 //! resync a second loss interrupts starts over.
 
 use gyre_runtime::{Cx, NodeId};
@@ -152,6 +155,7 @@ impl Cell {
                 if let Some((step, snapshot)) = self.resync.stashed.take() {
                     self.on_batch(step, snapshot, cx);
                 }
+                self.apply_pending_return(cx);
             }
         }
     }

@@ -16,7 +16,10 @@ impl Cell {
         match self.phase {
             _ if self.index.is_none() => self.unexpected("return of the standalone pool"),
             Phase::Rollout | Phase::Returning { .. } => self.unexpected("return"),
-            Phase::Ready { .. } => self.begin_return(switch, cx),
+            // A resync of fresh backends under way finishes first: its
+            // memory answers and the return's would be taken for each
+            // other (see `lost`).
+            Phase::Ready { .. } if !self.resync.busy() => self.begin_return(switch, cx),
             _ => self.pending_return = Some((switch, version)),
         }
     }
