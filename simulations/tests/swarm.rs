@@ -194,6 +194,21 @@ fn a_return_asked_during_a_resync_waits_for_it() {
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
 }
 
+/// Live seeds 105,668 and 199,950 (the same scan, seeds 60,000..200,000):
+/// a node died again while its cell rejoined or returned to rollout, and
+/// the `Loaded` its dying process had sent arrived after the loss, so the
+/// scheduler put back the slots of an engine that was gone (calls sent
+/// there were never answered), or, for the core's node caught returning
+/// to rollout, left a restarted engine serving version 0. A loss during a
+/// rejoin or a return now starts it over under a new switch.
+#[test]
+fn a_node_lost_again_while_it_rejoins_or_returns_starts_over() {
+    for seed in [105_668, 199_950] {
+        let outcome = run_swarm(&live_swarm_config(seed), live_plan(seed)).expect("the seed runs");
+        assert!(outcome.error.is_none(), "seed {seed}: {:?}", outcome.error);
+    }
+}
+
 #[test]
 fn the_live_clusters_settings_survive_node_crashes_announced_by_the_host() {
     let count = std::env::var("GYRE_LIVE_SWARM_SEEDS")

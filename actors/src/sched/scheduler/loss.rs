@@ -114,7 +114,8 @@ impl Scheduler {
             EngineIx::Pool => None,
         };
         let Some(moves) = self.ledger.lose(engine) else {
-            return; // lost already
+            self.lost_again(engine, cx);
+            return;
         };
         let switch = self.new_switch();
         let unplaced = moves.iter().filter(|(_, to)| to.is_none()).count();
@@ -172,6 +173,33 @@ impl Scheduler {
         }
     }
 
+    /// A lost engine's node went down again while it rejoined (a restart
+    /// that died, or was cut off, before the rejoin was through): the
+    /// rejoin starts over under a new switch, so that an answer the dying
+    /// process sent for the old one (a `Loaded` on its way) does not put
+    /// back slots whose node is gone.
+    fn lost_again(&mut self, engine: EngineIx, cx: &mut Cx<'_, Self>) {
+        let Some(peers) = self.peers.clone() else {
+            return;
+        };
+        let to = match engine {
+            EngineIx::Cell(c) if self.ledger.role(c) == Some(Role::Lost) => peers.cells[c as usize],
+            EngineIx::Pool if self.pool_switch.is_some() => match peers.pool {
+                Some(p) => p,
+                None => return,
+            },
+            _ => return,
+        };
+        let switch = self.new_switch();
+        match engine {
+            EngineIx::Cell(c) => self.switches[c as usize] = Some(switch),
+            EngineIx::Pool => self.pool_switch = Some(switch),
+        }
+        tracing::warn!(?engine, "lost again while it rejoined");
+        let version = self.published;
+        cx.send(to, CellMsg::Lost { switch, version });
+    }
+
     /// The core's node is down: the satellites return to rollout and the
     /// core restores its trainer.
     fn core_lost(&mut self, cx: &mut Cx<'_, Self>) {
@@ -180,8 +208,14 @@ impl Scheduler {
         };
         tracing::warn!(role = ?self.ledger.role(0), "the core's node lost");
         self.log.core_losses.push((cx.now(), self.burst));
-        // Serving, cell 0 is a rollout cell lost like any other.
-        if self.ledger.role(0) == Some(Role::Rollout) {
+        // Serving or on its way back to serving, cell 0 is a rollout cell
+        // lost like any other (and, rejoining, lost again): its return
+        // starts over under a new switch, so a `Loaded` the dying process
+        // sent does not count.
+        if matches!(
+            self.ledger.role(0),
+            Some(Role::Rollout | Role::Returning | Role::Lost)
+        ) {
             self.lose(EngineIx::Cell(0), cx);
         } else {
             // On the training side, its backends' state may be gone. Its
