@@ -122,8 +122,9 @@ fn the_swarm_catches_an_engine_that_acks_weights_without_loading_them() {
 /// crashed or cut off for six minutes, longer than the harness's 300 s
 /// call timeout. No schedule can answer a call then; the harness giving up
 /// is the defined outcome, and the checker excuses exactly those timeouts
-/// (a timeout while any engine could serve still fails the run: see
-/// `the_swarm_catches_an_engine_that_never_answers_again`).
+/// (engines up for less than one call's longest service within the
+/// timeout; a timeout while an engine could serve still fails the run:
+/// see `the_swarm_catches_an_engine_that_never_answers_again`).
 #[test]
 fn a_call_no_engine_could_serve_times_out_as_defined() {
     let outcome = run_swarm_seed(113_180).expect("the seed runs");
