@@ -173,6 +173,21 @@ fn without_the_knob_or_for_a_cancel_the_call_is_held_as_before() {
 }
 
 impl Rig {
+    /// The attempt numbers engine `i` was sent.
+    fn attempts(&mut self, i: usize) -> Vec<u32> {
+        self.served(i).into_iter().map(|s| s.1).collect()
+    }
+
+    /// Engine 0's node is lost with no slot free elsewhere: the execution
+    /// has no route, and its call waits.
+    fn lose_engine_0(&mut self) {
+        let lost = ProxyMsg::EngineLost {
+            engine: EngineIx::Cell(0),
+            moves: vec![(EXEC, None)],
+        };
+        self.sim.inject(TESTER, self.proxy, lost);
+    }
+
     fn lend(&mut self, engines: &[EngineIx]) {
         let engines = engines.to_vec();
         self.sim
@@ -196,23 +211,17 @@ impl Rig {
 fn a_call_without_a_slot_is_served_as_a_guest_by_a_lending_engine() {
     let mut r = rig(RejectRetry::default());
     assert_eq!(r.served(0).len(), 1);
-    // Engine 0's node is lost and no slot is free: the execution has no
-    // route, and its call waits.
-    let lost = ProxyMsg::EngineLost {
-        engine: EngineIx::Cell(0),
-        moves: vec![(EXEC, None)],
-    };
-    r.sim.inject(TESTER, r.proxy, lost);
+    r.lose_engine_0();
     assert!(r.served(1).is_empty());
     // Engine 1 lends itself: the call goes there, without a route.
     r.lend(&[EngineIx::Cell(1)]);
-    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [2]);
+    assert_eq!(r.attempts(1), [2]);
     assert_eq!(r.sim.actor(r.proxy).unwrap().route(EXEC), None);
     // Refused there with no other lender: held until the lenders change.
     r.reject(2);
     assert!(r.served(1).is_empty());
     r.lend(&[EngineIx::Cell(1), EngineIx::Cell(0)]);
-    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [3]);
+    assert_eq!(r.attempts(1), [3]);
     // A second unplaced execution's call goes to the lender with fewer
     // attempts in flight.
     let other = CallId {
@@ -226,7 +235,7 @@ fn a_call_without_a_slot_is_served_as_a_guest_by_a_lending_engine() {
         reply_to: r.exec.into(),
     };
     r.sim.inject(TESTER, r.proxy, call);
-    assert_eq!(r.served(0).iter().map(|s| s.1).collect::<Vec<_>>(), [1]);
+    assert_eq!(r.attempts(0), [1]);
     // A slot frees and the first execution is placed while its guest call
     // runs: the call is not sent again, and its answer is delivered once.
     let route = ProxyMsg::Route {
@@ -254,18 +263,14 @@ fn a_call_without_a_slot_is_served_as_a_guest_by_a_lending_engine() {
 fn a_guest_call_cancelled_by_a_switch_moves_to_another_lender() {
     let mut r = rig(RejectRetry::default());
     assert_eq!(r.served(0).len(), 1);
-    let lost = ProxyMsg::EngineLost {
-        engine: EngineIx::Cell(0),
-        moves: vec![(EXEC, None)],
-    };
-    r.sim.inject(TESTER, r.proxy, lost);
+    r.lose_engine_0();
     r.lend(&[EngineIx::Cell(1), EngineIx::Cell(0)]);
-    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [2]);
+    assert_eq!(r.attempts(1), [2]);
     r.answer(CallEvent::Cancelled {
         call: CALL,
         attempt: 2,
     });
-    assert_eq!(r.served(0).iter().map(|s| s.1).collect::<Vec<_>>(), [3]);
+    assert_eq!(r.attempts(0), [3]);
     // An engine lost while it serves a guest stops lending; the call goes
     // to the lender left.
     let lost = ProxyMsg::EngineLost {
@@ -273,5 +278,5 @@ fn a_guest_call_cancelled_by_a_switch_moves_to_another_lender() {
         moves: Vec::new(),
     };
     r.sim.inject(TESTER, r.proxy, lost);
-    assert_eq!(r.served(1).iter().map(|s| s.1).collect::<Vec<_>>(), [4]);
+    assert_eq!(r.attempts(1), [4]);
 }
