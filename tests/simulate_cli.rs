@@ -111,9 +111,9 @@ fn json_has_the_documented_schema() {
 
 #[test]
 fn oversample_dispatches_surplus_that_is_cancelled_untrained() {
-    let surplus = |extra: &[&str]| -> u64 {
+    let surplus = |policy: &str, extra: &[&str]| -> u64 {
         let mut args = QUICK.to_vec();
-        args.extend(["--json", "--policy", "elastic"]);
+        args.extend(["--json", "--policy", policy]);
         args.extend(extra);
         let v: serde_json::Value = serde_json::from_slice(&ok(&args).stdout).unwrap();
         let r = &v["results"][0];
@@ -126,10 +126,20 @@ fn oversample_dispatches_surplus_that_is_cancelled_untrained() {
             })
             .sum()
     };
-    assert_eq!(surplus(&[]), 0, "over-sampling is off by default");
+    // The shipped scenario over-samples Gyre's policy and not the baselines.
     assert!(
-        surplus(&["--oversample", "2"]) > 0,
-        "--oversample 2 left no surplus"
+        surplus("elastic", &[]) > 0,
+        "elastic over-samples by default"
+    );
+    assert_eq!(surplus("elastic", &["--oversample", "0"]), 0);
+    assert_eq!(
+        surplus("colocate", &[]),
+        0,
+        "the baselines do not by default"
+    );
+    assert!(
+        surplus("colocate", &["--baseline-oversample", "2"]) > 0,
+        "--baseline-oversample 2 left Colocate no surplus"
     );
 }
 

@@ -4,9 +4,11 @@
 //! also builds the gateway and the embedded model).
 //!
 //! `cargo run --release -p gyre-simulations --example compare -- SCENARIO
-//! STALENESS [STEPS] [OVERSAMPLE]`; it also prints the GPU-time breakdown,
+//! STALENESS [STEPS] [OVERSAMPLE [BASELINE_OVERSAMPLE]]` (over-sampling of
+//! elastic, then of Colocate and Async, each overriding the scenario's
+//! `[policies]`); it also prints the GPU-time breakdown,
 //! and with `GYRE_PLOTS=DIR` writes the breakdown, critical-path and
-//! timeline plots there.
+//! timeline plots there; `GYRE_POLICIES=colocate,async` runs only those.
 
 use gyre_simulations::lab::{self, RunOptions};
 use gyre_simulations::scenario::{self, Selection};
@@ -14,7 +16,9 @@ use gyre_simulations::scenario::{self, Selection};
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [name, staleness, rest @ ..] = args.as_slice() else {
-        return Err("usage: compare SCENARIO STALENESS [STEPS] [OVERSAMPLE]".into());
+        return Err(
+            "usage: compare SCENARIO STALENESS [STEPS] [OVERSAMPLE [BASELINE_OVERSAMPLE]]".into(),
+        );
     };
     let mut sc = scenario::load(name).map_err(|e| e.to_string())?;
     let staleness: f64 = staleness.parse().map_err(|e| format!("staleness: {e}"))?;
@@ -25,13 +29,19 @@ fn main() -> Result<(), String> {
     if let Some(m) = rest.get(1) {
         sc.policies.oversample = m.parse().map_err(|e| format!("oversample: {e}"))?;
     }
+    if let Some(m) = rest.get(2) {
+        sc.policies.baseline_oversample =
+            m.parse().map_err(|e| format!("baseline oversample: {e}"))?;
+    }
     // GYRE_PAYLOAD_COST=LATENCY_US,GBPS prices payload-transfer effects
     // (`gyre simulate --payload-cost`).
     if let Ok(cost) = std::env::var("GYRE_PAYLOAD_COST") {
         sc.transfer.set_payload_cost(&cost)?;
     }
+    // GYRE_POLICIES=colocate,async runs only those (`gyre simulate --policy`).
+    let policies = std::env::var("GYRE_POLICIES").unwrap_or_else(|_| "all".into());
     let runs = sc
-        .runs(&Selection::parse("all"), Some(staleness))
+        .runs(&Selection::parse(&policies), Some(staleness))
         .map_err(|e| e.to_string())?;
     let mut opts = RunOptions::new(steps, 1);
     // GYRE_NO_BREAKDOWN=1 times the simulator without the breakdown's hook.
@@ -49,7 +59,9 @@ fn main() -> Result<(), String> {
             r.executions_finished
         );
     }
-    println!("speedups {:?}", c.speedups.get("elastic"));
+    if let Some(s) = c.speedups.get("elastic") {
+        println!("speedups {s:?}");
+    }
     print!("{}", lab::report::breakdown_table(&c));
     if let Ok(dir) = std::env::var("GYRE_PLOTS") {
         let dir = std::path::Path::new(&dir);

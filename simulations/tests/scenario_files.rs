@@ -82,6 +82,32 @@ fn every_shipped_scenario_validates_and_builds_every_run() {
 }
 
 #[test]
+fn over_sampling_is_set_apart_for_gyres_policy_and_for_the_baselines() {
+    let mut s = scenario::load("deepswe-122b").unwrap();
+    s.policies.oversample = 3;
+    s.policies.baseline_oversample = 1;
+    let runs = s.runs(&Selection::All, Some(1.5)).unwrap();
+    let m: Vec<(&str, u32)> = runs
+        .iter()
+        .map(|r| {
+            let cfg = scenario::cluster_config(&s, r, s.steps, 1);
+            (r.name.as_str(), cfg.sched.oversample)
+        })
+        .collect();
+    assert_eq!(m, [("elastic", 3), ("colocate", 1), ("async", 1)]);
+    // In a file: the baselines' knob defaults to 0 whatever Gyre's is.
+    let text = with_line("[policies]", "baseline_oversample", "");
+    let text = text.replace("\noversample = 2\n", "\noversample = 5\n");
+    let s = scenario::parse(&text, "edited.toml").unwrap();
+    assert_eq!(s.policies.oversample_for(Policy::Elastic), 5);
+    assert_eq!(s.policies.oversample_for(Policy::Colocate), 0);
+    assert_eq!(
+        s.policies.oversample_for(Policy::Async { train_cells: 4 }),
+        0
+    );
+}
+
+#[test]
 fn the_ablation_holds_the_eleven_published_variants() {
     let s = scenario::load("ablation-nl2repo-122b").unwrap();
     let ids: Vec<&str> = s.variants.iter().map(|v| v.id.as_str()).collect();

@@ -72,11 +72,15 @@ pub struct SimulateArgs {
     /// the model calls divided by it, same proportions (absolute hours move).
     #[arg(long, default_value_t = 1)]
     pub scale: u32,
-    /// Over-sampling: extra executions dispatched per group (the first N
-    /// valid form it, the surplus is cancelled); overrides the scenario's
-    /// `[policies] oversample`.
+    /// Over-sampling of Gyre's policy (elastic): extra executions
+    /// dispatched per group (the first N valid form it, the surplus is
+    /// cancelled); overrides the scenario's `[policies] oversample`.
     #[arg(long, value_name = "M")]
     pub oversample: Option<u32>,
+    /// Over-sampling of the baselines (Colocate, Async); overrides the
+    /// scenario's `[policies] baseline_oversample` (0 unless set).
+    #[arg(long, value_name = "M")]
+    pub baseline_oversample: Option<u32>,
     /// Price payload-transfer effects (`SimConfig::payload`): a latency in
     /// µs and a bandwidth in GB/s; overrides the scenario's `[transfer]
     /// payload_latency_us, payload_gbps` (0,0: instant, the default).
@@ -106,6 +110,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     if let Some(m) = args.oversample {
         sc.policies.oversample = m;
+    }
+    if let Some(m) = args.baseline_oversample {
+        sc.policies.baseline_oversample = m;
     }
     if let Some(cost) = &args.payload_cost {
         sc.transfer

@@ -77,7 +77,7 @@ pub fn cluster_config(s: &Scenario, run: &RunSpec, steps: u64, seed: u64) -> Clu
         cell_capacity: run.cell_capacity,
         pool_capacity: run.pool_capacity,
         group_size: s.cluster.group_size,
-        oversample: s.policies.oversample,
+        oversample: s.policies.oversample_for(run.policy),
         batch_groups: s.cluster.batch_groups,
         phi: run.phi,
         mu: run.mu,
