@@ -4,15 +4,19 @@ local`, and how the run recovered: from the kill to the node back in the
 run (its restarted agent rebuilt, the scheduler told), to the next update
 published, and the updates made again by a restored core.
 
-usage: scripts/cluster-kill.py GYRE [RUNS]   (e.g. target/release/gyre 3)
+usage: scripts/cluster-kill.py GYRE [RUNS] [head]   (e.g. target/release/gyre 3;
+`head` runs only the head's rows)
 
 Each run trains 40 steps with checkpoints every 2 updates, waits for 3
 updates, then kills node 11 (cell 1: serving or a satellite), node 5 (the
 pool) or node 10 (cell 0, the core). Killing the head ends the run's
-control (its agents exit); the script starts a new head at once with
-`--resume` and times the kill to the new head's first update, the
-updates made again, and the update the checkpoint held. Times are wall-clock seconds from the
-head's log; real time is not reproducible, so read medians.
+control; the script starts a new head at once with `--resume` and times
+the kill to the new head's first update, the updates made again, and the
+update the checkpoint held, twice: with agents that exit with their head
+(`--agent-wait-s 0`, every process started again) and with agents that
+wait for the new head, which adopts them (the default). Times are
+wall-clock seconds from the head's log; real time is not reproducible, so
+read medians.
 """
 
 import json
@@ -40,7 +44,7 @@ def fresh_config(ckdir):
     with open(cfg, "w") as f:
         f.write(f'[checkpoint]\nevery = 2\ndir = "{ckdir}"\n')
     for name in os.listdir(ckdir):
-        if name.endswith(".ckpt") or name == "run.jsonl":
+        if name.endswith(".ckpt") or name in ("run.jsonl", "agents.json"):
             os.remove(os.path.join(ckdir, name))
     return cfg
 
@@ -84,12 +88,20 @@ def one(gyre, victim, ckdir):
     }
 
 
-def head_one(gyre, ckdir):
+def drain(stream):
+    """Reads `stream` to its end on a thread: the killed head's node agents
+    inherited its stderr and go on writing to it while they wait."""
+    import threading
+    t = threading.Thread(target=lambda: [None for _ in stream], daemon=True)
+    t.start()
+
+
+def head_one(gyre, ckdir, wait):
     """kill -9 of the head after 3 updates, then `--resume` at once."""
     cfg = fresh_config(ckdir)
     env = dict(os.environ, RUST_LOG="info")
     argv = [gyre, "train", "--tiny", "--steps", "40", "--cluster", "local",
-            "--config", cfg, "--json"]
+            "--config", cfg, "--json", "--agent-wait-s", wait]
     head = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, text=True)
     updates, agents = 0, 0
@@ -102,6 +114,7 @@ def head_one(gyre, ckdir):
             killed_at = time.time()
             break
     head.wait()
+    drain(head.stderr)
     resumed = subprocess.Popen(argv + ["--resume"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=env, text=True)
     first = None
@@ -111,10 +124,13 @@ def head_one(gyre, ckdir):
         lines.append(line)
         if first is None and "update published" in line:
             first = stamp(line) - killed_at
-    report = json.loads(resumed.stdout.read())
-    resumed.wait()
+    out = resumed.stdout.read()
+    if resumed.wait() != 0:
+        sys.exit("the resumed head failed:\n" + "".join(lines[-30:]))
+    report = json.loads(out)
+    adopted = report["resumed"].get("agents_adopted", 0)
     return {
-        "role": f"resumed from v{report['resumed']['from_version']}",
+        "role": f"resumed from v{report['resumed']['from_version']}, {adopted} agents adopted",
         "back": None,
         "next_update": first,
         "redone": report["redone_updates"],
@@ -128,7 +144,10 @@ def main():
     print("| killed | run | role at loss | node back after (s) | next update after (s) | updates redone | steps |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as ckdir:
-        for victim, what in [("11", "cell 1"), ("5", "pool"), ("10", "cell 0 (core)")]:
+        victims = [("11", "cell 1"), ("5", "pool"), ("10", "cell 0 (core)")]
+        if sys.argv[3:] == ["head"]:
+            victims = []
+        for victim, what in victims:
             backs, nexts = [], []
             for r in range(runs):
                 o = one(gyre, victim, ckdir)
@@ -142,16 +161,17 @@ def main():
             if ok and nx:
                 print(f"| {what} | median | | {statistics.median(ok):.3f} | "
                       f"{statistics.median(nx):.3f} | | |")
-        nexts = []
-        for r in range(runs):
-            o = head_one(gyre, ckdir)
-            nexts.append(o["next_update"])
-            fmt = lambda x: "-" if x is None else f"{x:.3f}"
-            print(f"| head | {r + 1} | {o['role']} | - | {fmt(o['next_update'])} | "
-                  f"{o['redone']} | {o['steps']} |")
-        nx = [n for n in nexts if n is not None]
-        if nx:
-            print(f"| head | median | | | {statistics.median(nx):.3f} | | |")
+        for wait, what in [("0", "head, agents exit"), ("60", "head, agents adopted")][::-1]:
+            nexts = []
+            for r in range(runs):
+                o = head_one(gyre, ckdir, wait)
+                nexts.append(o["next_update"])
+                fmt = lambda x: "-" if x is None else f"{x:.3f}"
+                print(f"| {what} | {r + 1} | {o['role']} | - | {fmt(o['next_update'])} | "
+                      f"{o['redone']} | {o['steps']} |")
+            nx = [n for n in nexts if n is not None]
+            if nx:
+                print(f"| {what} | median | | | {statistics.median(nx):.3f} | | |")
 
 
 if __name__ == "__main__":

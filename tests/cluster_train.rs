@@ -151,11 +151,11 @@ fn head_with_log(
         .expect("gyre runs");
     let stderr = head.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
+    // Read to the end even once nobody listens: node agents that outlive
+    // a killed head inherited this pipe, and would block on a full one.
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(strip_ansi(&line)).is_err() {
-                break;
-            }
+            let _ = tx.send(strip_ansi(&line));
         }
     });
     (head, rx, reader)
@@ -425,6 +425,26 @@ fn strs(v: &[String]) -> Vec<&str> {
 
 /// A configuration file in `dir` that has the core checkpoint into `dir`
 /// after every 2 updates; returns its path.
+/// Starts a 40-step head with `extra` and kills it (-9) once `updates`
+/// are published and its three agents started: its log so far, and the
+/// thread still reading its output (which the agents inherited).
+fn kill_head_after(updates: usize, extra: &[&str]) -> (String, std::thread::JoinHandle<()>) {
+    let (mut head, rx, reader) = head_with_log("40", extra);
+    let mut log = Vec::new();
+    let mut published = 0;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !(published >= updates && started_pids(&log.join("\n")).len() == 3) {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("the run never got going:\n{}", log.join("\n")));
+        published += usize::from(line.contains("update published"));
+        log.push(line);
+    }
+    head.kill().unwrap();
+    head.wait().unwrap();
+    (log.join("\n"), reader)
+}
+
 fn checkpoint_every_2(dir: &std::path::Path) -> String {
     let config = dir.join("ck.toml");
     std::fs::write(
@@ -501,6 +521,65 @@ fn a_killed_core_node_fails_the_run_naming_it() {
 }
 
 #[test]
+fn a_resumed_head_adopts_the_node_agents_its_lost_head_left_waiting() {
+    // A resumable run's agents outlive a killed head (they wait for a new
+    // one, --agent-wait-s 60 by default) and the resumed head, listening
+    // where the lost one did with the same secret (both kept in the
+    // checkpoint directory), adopts them instead of starting new
+    // processes: same pids, the history one update per version, and the
+    // adopted agents stopped at the end like launched ones.
+    let dir = tempfile::tempdir().unwrap();
+    let config = checkpoint_every_2(dir.path());
+    let (log, reader) = kill_head_after(5, &["--json", "--config", &config]);
+    let agents: Vec<u64> = started_pids(&log)
+        .iter()
+        .map(|(_, pid)| pid.parse().unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for pid in &agents {
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "agent {pid} did not wait for a new head"
+        );
+    }
+    for f in ["cluster.secret", "head.addr", "agents.json"] {
+        assert!(dir.path().join(f).exists(), "{f} not kept");
+    }
+
+    let args: Vec<String> = ["train", "--tiny", "--steps", "40", "--cluster", "local"]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([
+            "--config".into(),
+            config.clone(),
+            "--json".into(),
+            "--resume".into(),
+        ])
+        .collect();
+    let report = json(&strs(&args));
+    assert_eq!(report["resumed"]["agents_adopted"], 3, "{report}");
+    let mut pids: Vec<u64> = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    let mut before = agents.clone();
+    pids.sort_unstable();
+    before.sort_unstable();
+    assert_eq!(pids, before, "the same processes, adopted");
+    assert_eq!(
+        versions(&report),
+        (1..=40).collect::<Vec<u64>>(),
+        "one update per version in the model's history"
+    );
+    for pid in &agents {
+        assert!(gone(*pid), "adopted agent {pid} outlived the resumed run");
+    }
+    reader.join().unwrap();
+}
+
+#[test]
 fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
     // The head hosts the scheduling plane: kill -9 of it ends the run's
     // control, and its node agents, finding their head gone, exit. Run
@@ -510,20 +589,10 @@ fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
     // trains the rest: the history is one update per version, 1..=40.
     let dir = tempfile::tempdir().unwrap();
     let config = checkpoint_every_2(dir.path());
-    let (mut head, rx, reader) = head_with_log("40", &["--json", "--config", &config]);
-    let mut log = Vec::new();
-    let mut published = 0;
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !(published >= 7 && started_pids(&log.join("\n")).len() == 3) {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .unwrap_or_else(|_| panic!("the run never got going:\n{}", log.join("\n")));
-        published += usize::from(line.contains("update published"));
-        log.push(line);
-    }
-    head.kill().unwrap();
-    head.wait().unwrap();
-    let agents = started_pids(&log.join("\n"));
+    // Agents that do not wait for a new head (with waiting ones, the next
+    // test).
+    let (log, reader) = kill_head_after(7, &["--json", "--config", &config, "--agent-wait-s", "0"]);
+    let agents = started_pids(&log);
     for (node, pid) in &agents {
         let pid: u64 = pid.parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);

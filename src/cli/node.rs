@@ -26,6 +26,13 @@ pub struct NodeArgs {
     /// Seconds to keep trying to reach the head.
     #[arg(long, default_value_t = 20)]
     pub join_timeout_s: u64,
+    /// Seconds to wait for a new head (a resumed run's) once the head's
+    /// link is lost; 0 exits at once.
+    #[arg(long, default_value_t = 0)]
+    pub head_wait_s: u64,
+    /// The head incarnation that started this agent (the head sets it).
+    #[arg(long, default_value_t = 0)]
+    pub incarnation: u64,
 }
 
 pub fn run(args: NodeArgs) -> Result<()> {
@@ -44,6 +51,8 @@ pub fn run(args: NodeArgs) -> Result<()> {
         bind: args.bind,
         secret,
         join_timeout: std::time::Duration::from_secs(args.join_timeout_s),
+        head_wait: std::time::Duration::from_secs(args.head_wait_s),
+        incarnation: args.incarnation,
     })
     .with_context(|| format!("node agent {}", args.node))
 }

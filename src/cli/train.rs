@@ -97,6 +97,12 @@ pub struct TrainArgs {
     /// ended; the node rejoins the run. 0: it stays lost.
     #[arg(long, default_value_t = 3)]
     pub node_restarts: u32,
+    /// With `--cluster local` or `slurm` and `[checkpoint] dir`: seconds
+    /// node agents wait for a resumed head (`--resume`) after losing
+    /// theirs, which then adopts them instead of starting new ones. 0:
+    /// they exit with their head.
+    #[arg(long, default_value_t = 60)]
+    pub agent_wait_s: u64,
     /// With `--cluster`: resume the run whose head was lost, from the
     /// core's checkpoint and the head's journal in `[checkpoint] dir`
     /// (same configuration; the updates after the checkpoint are made
@@ -497,6 +503,7 @@ fn cluster_options(spec: &str, args: &TrainArgs) -> Result<ClusterOptions> {
     opts.listen = args.cluster_listen;
     opts.stall = LIVE_STALL;
     opts.restarts = args.node_restarts;
+    opts.agent_wait = std::time::Duration::from_secs(args.agent_wait_s);
     opts.resume = args.resume;
     Ok(opts)
 }

@@ -11,6 +11,15 @@
 //! head. Everything unexpected (a process that ends before the head asked
 //! it to, a lost link) is reported once, naming the node and its roles;
 //! recovery is the scheduler's business, not the launcher's.
+//!
+//! A resumed head's launcher first waits a while for the agents the lost
+//! head left running (they wait for a new head, and every agent says which
+//! head incarnation started it): an agent of an earlier incarnation whose
+//! process the lost head recorded is adopted (the placement watches and
+//! fences it as if launched here, [`Placement::adopt`]), and only the
+//! nodes none came back for are launched. An earlier incarnation's agent
+//! that comes later, or that nobody expects, is told to stop, so a node
+//! never has two agents.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,7 +28,7 @@ use gyre_runtime::{Actor, ActorId, Addr, Cx, External, IoError, IoRequest, NodeI
 use serde::{Deserialize, Serialize};
 
 use super::placement::Placement;
-use super::proto::{NodeEvent, NodeSpec};
+use super::proto::{NodeCmd, NodeEvent, NodeSpec};
 
 /// What the launcher tells the head.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,6 +52,9 @@ pub enum ClusterEvent {
     },
     /// A joined node agent's link went down.
     LinkDown { node: NodeId, label: String },
+    /// The process an earlier head started for `node` joined this head
+    /// and was adopted in place of a new one.
+    Adopted { node: NodeId, pid: u32 },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -130,8 +142,21 @@ pub struct Launcher {
     stopping: bool,
     /// Nodes whose loss was already reported.
     reported: BTreeSet<NodeId>,
-    /// The process last started for each node.
+    /// The process last started (or adopted) for each node.
     pids: BTreeMap<NodeId, u32>,
+    /// This head's incarnation ([`NodeEvent::Joined`]).
+    incarnation: u64,
+    /// Nodes whose earlier process may still join, by that process, until
+    /// the adoption window closes.
+    expected: BTreeMap<NodeId, u32>,
+    adopt_for: std::time::Duration,
+    /// Nodes this launcher launched or adopted.
+    placed: BTreeSet<NodeId>,
+    /// Each node's agent as it last joined (process, transfer address,
+    /// command endpoint): an agent says it joined until it hears from the
+    /// head, so repeats are dropped here. A restarted agent spawns the same
+    /// endpoint ids, so the process and the address tell it apart.
+    joined: BTreeMap<NodeId, (u32, std::net::SocketAddr, ActorId)>,
 }
 
 impl Launcher {
@@ -147,13 +172,35 @@ impl Launcher {
             stopping: false,
             reported: BTreeSet::new(),
             pids: BTreeMap::new(),
+            incarnation: 0,
+            expected: BTreeMap::new(),
+            adopt_for: std::time::Duration::ZERO,
+            placed: BTreeSet::new(),
+            joined: BTreeMap::new(),
         }
+    }
+
+    /// A resumed head's launcher (`incarnation` > 0): for up to `window`
+    /// it waits for the agents an earlier head started for these nodes
+    /// (`earlier`, by process, as that head recorded them) before it
+    /// launches any of them.
+    pub fn adopting(
+        mut self,
+        incarnation: u64,
+        earlier: BTreeMap<NodeId, u32>,
+        window: std::time::Duration,
+    ) -> Self {
+        self.incarnation = incarnation;
+        self.expected = earlier;
+        self.adopt_for = window;
+        self
     }
 
     fn launch(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
         let Some(spec) = self.specs.get(&node) else {
             return;
         };
+        self.placed.insert(node);
         let req = LaunchNode {
             placement: self.placement.clone(),
             spec: spec.clone(),
@@ -162,6 +209,63 @@ impl Launcher {
             node,
             result: r.map_err(|e| e.to_string()),
         });
+    }
+
+    /// Waits for `node`'s process to end, as for one launched here.
+    fn wait_for(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
+        let req = WaitNode {
+            placement: self.placement.clone(),
+            node,
+        };
+        cx.io(req, move |r| LauncherMsg::Ended {
+            node,
+            result: r.map_err(|e| e.to_string()),
+        });
+    }
+
+    /// An agent an earlier head started joined: adopt it if its node
+    /// expects it, else stop it. Whether it was adopted.
+    fn adopt(
+        &mut self,
+        node: NodeId,
+        commands: Addr<External<NodeCmd>>,
+        cx: &mut Cx<'_, Self>,
+    ) -> bool {
+        let pid = self
+            .expected
+            .remove(&node)
+            .filter(|&pid| !self.placed.contains(&node) && self.placement.adopt(node, pid));
+        let Some(pid) = pid else {
+            tracing::warn!(
+                node = node.0,
+                "a node agent of an earlier head joined too late or unexpected: stopping it"
+            );
+            cx.send(commands, NodeCmd::Stop);
+            return false;
+        };
+        self.placed.insert(node);
+        self.pids.insert(node, pid);
+        tracing::info!(
+            node = node.0,
+            pid,
+            "adopted the node agent an earlier head left running"
+        );
+        cx.send(self.head, ClusterEvent::Adopted { node, pid });
+        self.wait_for(node, cx);
+        if self.expected.is_empty() {
+            tracing::info!("every node agent left running was adopted");
+        }
+        true
+    }
+
+    /// Launches the nodes no earlier agent came back for.
+    fn close_adoption(&mut self, cx: &mut Cx<'_, Self>) {
+        let left: Vec<NodeId> = std::mem::take(&mut self.expected).into_keys().collect();
+        for node in left {
+            if !self.placed.contains(&node) {
+                self.launch(node, cx);
+            }
+        }
     }
 
     fn label(&self, node: NodeId) -> String {
@@ -176,16 +280,51 @@ impl Actor for Launcher {
     type Timer = ();
 
     fn on_start(&mut self, cx: &mut Cx<'_, Self>) {
+        // Only a process still running can come back.
+        self.expected
+            .retain(|_, pid| super::placement::process_runs(*pid));
         let nodes: Vec<NodeId> = self.specs.keys().copied().collect();
         for node in nodes {
-            self.launch(node, cx);
+            if !self.expected.contains_key(&node) {
+                self.launch(node, cx);
+            }
         }
+        if !self.expected.is_empty() {
+            tracing::info!(
+                nodes = self.expected.len(),
+                window_s = self.adopt_for.as_secs_f64(),
+                "waiting for the node agents an earlier head left running"
+            );
+            cx.set_timer(
+                (),
+                u64::try_from(self.adopt_for.as_nanos()).unwrap_or(u64::MAX),
+            );
+        }
+    }
+
+    fn on_timer(&mut self, _timer: (), cx: &mut Cx<'_, Self>) {
+        self.close_adoption(cx);
     }
 
     fn on_msg(&mut self, _from: ActorId, msg: LauncherMsg, cx: &mut Cx<'_, Self>) {
         match msg {
             LauncherMsg::Node(event) => {
-                if let NodeEvent::Joined { node, .. } = &event {
+                if let NodeEvent::Joined {
+                    node,
+                    pid,
+                    transfer,
+                    commands,
+                    incarnation,
+                } = &event
+                {
+                    let agent = (*pid, *transfer, commands.id());
+                    if self.joined.get(node) == Some(&agent) {
+                        return;
+                    }
+                    self.joined.insert(*node, agent);
+                    if *incarnation < self.incarnation && !self.adopt(*node, *commands, cx) {
+                        return;
+                    }
                     cx.watch_node(*node);
                 }
                 cx.send(self.head, ClusterEvent::Node(event));
@@ -203,14 +342,7 @@ impl Actor for Launcher {
                 Ok(pid) => {
                     self.pids.insert(node, pid);
                     cx.send(self.head, ClusterEvent::Started { node, pid });
-                    let req = WaitNode {
-                        placement: self.placement.clone(),
-                        node,
-                    };
-                    cx.io(req, move |r| LauncherMsg::Ended {
-                        node,
-                        result: r.map_err(|e| e.to_string()),
-                    });
+                    self.wait_for(node, cx);
                 }
                 Err(error) => {
                     let label = self.label(node);
@@ -291,6 +423,143 @@ mod tests {
             rx.recv().map_err(|e| e.to_string())
         }
         fn stop_all(&self) {}
+        fn adopt(&self, node: NodeId, _pid: u32) -> bool {
+            let (tx, rx) = std::sync::mpsc::channel();
+            self.ends.lock().unwrap().insert(node, rx);
+            self.senders.lock().unwrap().insert(node, tx);
+            true
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resumed_launcher_adopts_the_agents_that_come_back_and_stops_late_ones() {
+        let node = LiveNode::start(LiveConfig::local(NodeId(0), 1))
+            .await
+            .unwrap();
+        let (probe, mut rx) = node.probe::<ClusterEvent>(16);
+        let (commands, mut cmds) = node.probe::<NodeCmd>(16);
+        let (fresh, _fresh_cmds) = node.probe::<NodeCmd>(16);
+        let placement = Arc::new(Scripted::default());
+        let spec = |n, r| NodeSpec {
+            node: NodeId(n),
+            roles: vec![r],
+        };
+        // Nodes 10 and 11 had processes that still run (this one stands
+        // in); node 12's is gone, so it is launched at once.
+        let me = std::process::id();
+        let gone = {
+            let mut c = std::process::Command::new("true").spawn().unwrap();
+            let pid = c.id();
+            c.wait().unwrap();
+            pid
+        };
+        let launcher = node.spawn(
+            Launcher::new(
+                placement.clone(),
+                vec![
+                    spec(10, Role::Cell(0)),
+                    spec(11, Role::Cell(1)),
+                    spec(12, Role::Pool),
+                ],
+                probe,
+            )
+            .adopting(
+                1,
+                BTreeMap::from([(NodeId(10), me), (NodeId(11), me), (NodeId(12), gone)]),
+                std::time::Duration::from_millis(300),
+            ),
+        );
+        let launcher = Addr::<Launcher>::new(launcher.id());
+        let joined = |n: u32, incarnation: u64| {
+            LauncherMsg::Node(NodeEvent::Joined {
+                node: NodeId(n),
+                pid: 4242,
+                transfer: "127.0.0.1:9".parse().unwrap(),
+                commands: if incarnation == 0 { commands } else { fresh },
+                incarnation,
+            })
+        };
+        let next = async |rx: &mut tokio::sync::mpsc::Receiver<(ActorId, ClusterEvent)>| {
+            tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+                .await
+                .expect("an event")
+                .unwrap()
+                .1
+        };
+        match next(&mut rx).await {
+            ClusterEvent::Started { node, .. } => assert_eq!(node, NodeId(12)),
+            other => panic!("unexpected {other:?}"),
+        }
+        // Node 10's earlier agent comes back in time: adopted under the
+        // pid the lost head recorded, and its join passed on.
+        node.send(commands.id(), launcher, joined(10, 0))
+            .await
+            .unwrap();
+        match next(&mut rx).await {
+            ClusterEvent::Adopted { node, pid } => assert_eq!((node, pid), (NodeId(10), me)),
+            other => panic!("unexpected {other:?}"),
+        }
+        match next(&mut rx).await {
+            ClusterEvent::Node(NodeEvent::Joined { node, .. }) => assert_eq!(node, NodeId(10)),
+            other => panic!("unexpected {other:?}"),
+        }
+        // It says so again until the head answers: the repeat is dropped.
+        node.send(commands.id(), launcher, joined(10, 0))
+            .await
+            .unwrap();
+        // Node 11's does not: once the window closes it is launched.
+        match next(&mut rx).await {
+            ClusterEvent::Started { node, .. } => assert_eq!(node, NodeId(11)),
+            other => panic!("unexpected {other:?}"),
+        }
+        // Its earlier agent joining now is told to stop; the new one's
+        // join (this head's incarnation) goes through.
+        node.send(commands.id(), launcher, joined(11, 0))
+            .await
+            .unwrap();
+        let stop = tokio::time::timeout(std::time::Duration::from_secs(10), cmds.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .1;
+        assert!(matches!(stop, NodeCmd::Stop), "{stop:?}");
+        node.send(commands.id(), launcher, joined(11, 1))
+            .await
+            .unwrap();
+        match next(&mut rx).await {
+            ClusterEvent::Node(NodeEvent::Joined {
+                node, incarnation, ..
+            }) => assert_eq!((node, incarnation), (NodeId(11), 1)),
+            other => panic!("unexpected {other:?}"),
+        }
+        // The adopted process is watched like a launched one.
+        let tx = placement.senders.lock().unwrap()[&NodeId(10)].clone();
+        tx.send("ended".into()).unwrap();
+        match next(&mut rx).await {
+            ClusterEvent::Exited { node, .. } => assert_eq!(node, NodeId(10)),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            cmds.try_recv().is_err(),
+            "one stop, node 11's: node 10's repeated join was dropped, not refused"
+        );
+        // A restarted agent spawns the same endpoint ids: another process
+        // is no repeat.
+        let restarted = LauncherMsg::Node(NodeEvent::Joined {
+            node: NodeId(11),
+            pid: 5151,
+            transfer: "127.0.0.1:9".parse().unwrap(),
+            commands: fresh,
+            incarnation: 1,
+        });
+        node.send(commands.id(), launcher, restarted).await.unwrap();
+        match next(&mut rx).await {
+            ClusterEvent::Node(NodeEvent::Joined { node, pid, .. }) => {
+                assert_eq!((node, pid), (NodeId(11), 5151));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        node.shutdown().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

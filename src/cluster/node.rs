@@ -8,7 +8,11 @@
 //! same [`EmbeddedBackends`] factory the one-process runs use, over the
 //! [`plane`](super::plane) instead of shared boards) and report their ports,
 //! report the bytes it moved, stop. A small watchdog actor watches the head:
-//! an agent whose head is gone exits instead of lingering.
+//! an agent whose head is gone drops everything it built and, if told to
+//! wait for a new head (`--head-wait-s`, given by a head whose run can be
+//! resumed), joins again the head that comes back at the same address with
+//! the same secret (`gyre train --cluster … --resume`); otherwise, or if no
+//! head comes back in time, it exits instead of lingering.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -39,6 +43,12 @@ pub struct NodeOptions {
     /// How long to try to reach the head (a refused handshake is retried
     /// until then, as the head may still be starting).
     pub join_timeout: Duration,
+    /// How long to wait for a new head once the head's link is lost (zero:
+    /// exit at once).
+    pub head_wait: Duration,
+    /// The head incarnation that started this agent
+    /// ([`NodeEvent::Joined`]).
+    pub incarnation: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,116 +100,171 @@ fn route_to(head: SocketAddr) -> IpAddr {
         .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip())
 }
 
-/// Runs a node agent until the head stops it.
+/// Runs a node agent until the head stops it (or, waiting for heads,
+/// until none comes back in time).
 pub fn run_node(opts: NodeOptions) -> Result<(), NodeError> {
     if opts.node == HEAD {
         return Err(NodeError::HeadId(opts.node.0));
     }
-    let link = LinkSecret::new(&opts.secret).map_err(|e| NodeError::Secret(e.to_string()))?;
-    let transfer_secret =
-        ClusterSecret::new(&opts.secret).map_err(|e| NodeError::Secret(e.to_string()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let routed = route_to(opts.head);
-        let bind = opts.bind.unwrap_or(routed);
-        let plane = Plane::start(opts.node, SocketAddr::new(bind, 0), transfer_secret)?;
-        let port = plane.local_addr().map_or(0, |a| a.port());
-        let advertised = if bind.is_unspecified() { routed } else { bind };
-        let transfer = SocketAddr::new(advertised, port);
-
-        let mut cfg = LiveConfig::local(opts.node, 0);
-        cfg.peers = vec![(HEAD, opts.head)];
-        cfg.secret = Some(link);
-        let live = LiveNode::start(cfg).await?;
-        if !live.connected(HEAD, opts.join_timeout).await {
-            live.shutdown().await;
-            return Err(NodeError::Unreachable {
-                head: opts.head,
-                secs: opts.join_timeout.as_secs(),
-            });
-        }
-        let (commands, mut rx) = live.probe::<NodeCmd>(64);
-        live.spawn(HeadWatch { tell: commands });
-        let launcher = Addr::<Launcher>::new(launcher_id());
-        let from = commands.id();
-        let node = opts.node;
-        live.send(
-            from,
-            launcher,
-            NodeEvent::Joined {
-                node,
-                pid: std::process::id(),
-                transfer,
-                commands,
-            },
-        )
-        .await?;
-        tracing::info!(node = node.0, %transfer, "node agent joined the head");
-        let mut outcome = Ok(());
-        while let Some((_, cmd)) = rx.recv().await {
-            match cmd {
-                NodeCmd::Assign {
-                    config,
-                    roles,
-                    directory,
-                    observer,
-                    tap,
-                } => {
-                    let assigned = Assignment {
-                        config: &config,
-                        roles: &roles,
-                        directory: &directory,
-                        observer,
-                        tap,
-                    };
-                    let event =
-                        match assign(&live, &plane, assigned).await {
-                            Ok(ports) => NodeEvent::Ready { node, ports },
-                            Err(error) => {
-                                tracing::error!(node = node.0, %error, "assignment failed");
-                                NodeEvent::Failed { node, error }
-                            }
-                        };
-                    live.send(from, launcher, event).await?;
+        let mut join_timeout = opts.join_timeout;
+        loop {
+            match session(&opts, join_timeout).await {
+                Err(NodeError::HeadLost) if !opts.head_wait.is_zero() => {
+                    tracing::warn!(
+                        node = opts.node.0,
+                        wait_s = opts.head_wait.as_secs(),
+                        "lost the link to the head; dropped what it assigned, waiting for a new head"
+                    );
+                    join_timeout = opts.head_wait;
                 }
-                NodeCmd::Report => {
-                    let bytes = plane.moved();
-                    live.send(from, launcher, NodeEvent::Moved { node, bytes })
-                        .await?;
-                }
-                NodeCmd::PeerBack { node: peer, transfer } => {
-                    let p = plane.clone();
-                    let done = tokio::task::spawn_blocking(move || p.reconnect(peer, transfer))
-                        .await
-                        .map_err(|e| e.to_string())
-                        .and_then(|r| r.map_err(|e| e.to_string()));
-                    // Unanswered, the head never tells the scheduler the
-                    // peer is back: a failure is logged, and the head's
-                    // stall timeout names the run stuck.
-                    match done {
-                        Ok(()) => {
-                            live.send(from, launcher, NodeEvent::PeerBack { node, peer })
-                                .await?;
-                        }
-                        Err(error) => {
-                            tracing::error!(node = node.0, peer = peer.0, %error, "could not reconnect to a restarted peer");
-                        }
-                    }
-                }
-                NodeCmd::Stop => break,
-                NodeCmd::HeadLost => {
-                    outcome = Err(NodeError::HeadLost);
-                    break;
-                }
+                other => return other,
             }
         }
-        live.shutdown().await;
-        plane.stop();
-        outcome
     })
 }
+
+/// One membership of a head: a fresh transfer plane and live host, joined
+/// within `join_timeout`, obeying the head until it stops this agent or
+/// its link is lost. Everything built here ends with it, so a new head
+/// finds the agent as if just started.
+async fn session(opts: &NodeOptions, join_timeout: Duration) -> Result<(), NodeError> {
+    let link = LinkSecret::new(&opts.secret).map_err(|e| NodeError::Secret(e.to_string()))?;
+    let transfer_secret =
+        ClusterSecret::new(&opts.secret).map_err(|e| NodeError::Secret(e.to_string()))?;
+    let routed = route_to(opts.head);
+    let bind = opts.bind.unwrap_or(routed);
+    let plane = Plane::start(opts.node, SocketAddr::new(bind, 0), transfer_secret)?;
+    let port = plane.local_addr().map_or(0, |a| a.port());
+    let advertised = if bind.is_unspecified() { routed } else { bind };
+    let transfer = SocketAddr::new(advertised, port);
+
+    let mut cfg = LiveConfig::local(opts.node, 0);
+    cfg.peers = vec![(HEAD, opts.head)];
+    cfg.secret = Some(link);
+    let live = match LiveNode::start(cfg).await {
+        Ok(live) => live,
+        Err(e) => {
+            plane.stop();
+            return Err(e.into());
+        }
+    };
+    if !live.connected(HEAD, join_timeout).await {
+        live.shutdown().await;
+        plane.stop();
+        return Err(NodeError::Unreachable {
+            head: opts.head,
+            secs: join_timeout.as_secs(),
+        });
+    }
+    let outcome = obey(opts, &live, &plane, transfer).await;
+    live.shutdown().await;
+    plane.stop();
+    outcome
+}
+
+/// Joins through the head's launcher and carries out its commands.
+async fn obey(
+    opts: &NodeOptions,
+    live: &LiveNode,
+    plane: &Arc<Plane>,
+    transfer: SocketAddr,
+) -> Result<(), NodeError> {
+    let (commands, mut rx) = live.probe::<NodeCmd>(64);
+    live.spawn(HeadWatch { tell: commands });
+    let launcher = Addr::<Launcher>::new(launcher_id());
+    let from = commands.id();
+    let node = opts.node;
+    let joined = NodeEvent::Joined {
+        node,
+        pid: std::process::id(),
+        transfer,
+        commands,
+        incarnation: opts.incarnation,
+    };
+    // Said again until the head answers: a head that is still starting
+    // (a resumed one, which its waiting agents reach at once) has no
+    // launcher yet to take it. The launcher drops repeats.
+    let mut resend = tokio::time::interval(JOIN_RESEND);
+    let mut answered = false;
+    loop {
+        let next = if answered {
+            rx.recv().await
+        } else {
+            tokio::select! {
+                next = rx.recv() => next,
+                _ = resend.tick() => {
+                    live.send(from, launcher, joined.clone()).await?;
+                    tracing::info!(node = node.0, %transfer, "node agent joined the head");
+                    continue;
+                }
+            }
+        };
+        let Some((_, cmd)) = next else { break };
+        answered = true;
+        match cmd {
+            NodeCmd::Assign {
+                config,
+                roles,
+                directory,
+                observer,
+                tap,
+            } => {
+                let assigned = Assignment {
+                    config: &config,
+                    roles: &roles,
+                    directory: &directory,
+                    observer,
+                    tap,
+                };
+                let event = match assign(live, plane, assigned).await {
+                    Ok(ports) => NodeEvent::Ready { node, ports },
+                    Err(error) => {
+                        tracing::error!(node = node.0, %error, "assignment failed");
+                        NodeEvent::Failed { node, error }
+                    }
+                };
+                live.send(from, launcher, event).await?;
+            }
+            NodeCmd::Report => {
+                let bytes = plane.moved();
+                live.send(from, launcher, NodeEvent::Moved { node, bytes })
+                    .await?;
+            }
+            NodeCmd::PeerBack {
+                node: peer,
+                transfer,
+            } => {
+                let p = plane.clone();
+                let done = tokio::task::spawn_blocking(move || p.reconnect(peer, transfer))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()));
+                // Unanswered, the head never tells the scheduler the
+                // peer is back: a failure is logged, and the head's
+                // stall timeout names the run stuck.
+                match done {
+                    Ok(()) => {
+                        live.send(from, launcher, NodeEvent::PeerBack { node, peer })
+                            .await?;
+                    }
+                    Err(error) => {
+                        tracing::error!(node = node.0, peer = peer.0, %error, "could not reconnect to a restarted peer");
+                    }
+                }
+            }
+            NodeCmd::Stop => return Ok(()),
+            NodeCmd::HeadLost => return Err(NodeError::HeadLost),
+        }
+    }
+    Ok(())
+}
+
+/// How often an agent says it joined until the head answers.
+const JOIN_RESEND: Duration = Duration::from_millis(250);
 
 /// What the head assigned this node.
 struct Assignment<'a> {

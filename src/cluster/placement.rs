@@ -33,6 +33,11 @@ pub struct HeadInfo {
     pub secret_hex: String,
     /// The `gyre` binary node agents run.
     pub exe: PathBuf,
+    /// How long agents wait for a new head after losing this one (zero:
+    /// they exit with it; see `gyre node --head-wait-s`).
+    pub head_wait: Duration,
+    /// This head's incarnation (0, or n for a run's n-th resume).
+    pub incarnation: u64,
 }
 
 impl std::fmt::Debug for HeadInfo {
@@ -66,6 +71,15 @@ pub trait Placement: Send + Sync + 'static {
     /// process started since under the same node is left alone); whether
     /// a kill was sent.
     fn kill(&self, node: NodeId, pid: u32) -> bool {
+        let _ = (node, pid);
+        false
+    }
+    /// Takes over `node`'s process `pid`, which an earlier head of the run
+    /// started and which outlived it (its agent waits for a new head):
+    /// from now on `wait`, `kill` and `stop_all` cover it as if launched
+    /// here. Whether this backend can (it must see the process: `local`
+    /// and `slurm`, whose `srun` runs on the head's machine).
+    fn adopt(&self, node: NodeId, pid: u32) -> bool {
         let _ = (node, pid);
         false
     }
@@ -108,6 +122,32 @@ pub struct Processes {
     launch: Launch,
     head: HeadInfo,
     children: Mutex<BTreeMap<NodeId, Child>>,
+    /// Processes an earlier head started, taken over (`Placement::adopt`):
+    /// not this process's children, so they are watched through /proc and
+    /// signalled by pid.
+    adopted: Mutex<BTreeMap<NodeId, u32>>,
+}
+
+/// `pid` as nix names it, if it fits.
+fn nix_pid(pid: u32) -> Option<nix::unistd::Pid> {
+    i32::try_from(pid).ok().map(nix::unistd::Pid::from_raw)
+}
+
+/// Whether process `pid` of this machine runs (for a node agent an
+/// earlier head started: the agent itself, or its `srun`).
+pub(crate) fn process_runs(pid: u32) -> bool {
+    adopted_runs(pid)
+}
+
+/// Whether the adopted process `pid` still runs.
+fn adopted_runs(pid: u32) -> bool {
+    nix_pid(pid).is_some_and(crate::harness::orphans::is_running)
+}
+
+/// Sends SIGKILL to the adopted process `pid`; whether it was sent.
+fn kill_adopted(pid: u32) -> bool {
+    nix_pid(pid)
+        .is_some_and(|p| nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL).is_ok())
 }
 
 impl Processes {
@@ -116,6 +156,7 @@ impl Processes {
             launch,
             head,
             children: Mutex::default(),
+            adopted: Mutex::default(),
         }
     }
 
@@ -137,14 +178,21 @@ impl Processes {
 
 /// `gyre node` for `spec`.
 fn node_agent_args(head: &HeadInfo, spec: &NodeSpec) -> Vec<String> {
-    vec![
+    let mut args = vec![
         head.exe.display().to_string(),
         "node".into(),
         "--head".into(),
         head.addr.to_string(),
         "--node".into(),
         spec.node.0.to_string(),
-    ]
+    ];
+    if !head.head_wait.is_zero() {
+        args.extend(["--head-wait-s".into(), head.head_wait.as_secs().to_string()]);
+    }
+    if head.incarnation > 0 {
+        args.extend(["--incarnation".into(), head.incarnation.to_string()]);
+    }
+    args
 }
 
 /// The name of node `node`'s Slurm step (`srun --job-name`), by which
@@ -194,6 +242,17 @@ impl Placement for Processes {
     fn wait(&self, node: NodeId) -> Result<String, String> {
         loop {
             {
+                let adopted = lock(&self.adopted).get(&node).copied();
+                if let Some(pid) = adopted {
+                    if !adopted_runs(pid) {
+                        lock(&self.adopted).remove(&node);
+                        return Ok(format!(
+                            "process {pid} (adopted from an earlier head) ended; its status is its parent's"
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
                 let mut children = lock(&self.children);
                 let child = children
                     .get_mut(&node)
@@ -215,7 +274,19 @@ impl Placement for Processes {
         true
     }
 
+    fn adopt(&self, node: NodeId, pid: u32) -> bool {
+        if !adopted_runs(pid) {
+            return false;
+        }
+        lock(&self.adopted).insert(node, pid);
+        true
+    }
+
     fn kill(&self, node: NodeId, pid: u32) -> bool {
+        if lock(&self.adopted).get(&node) == Some(&pid) {
+            tracing::warn!(node = node.0, pid, "fencing an adopted node agent");
+            return kill_adopted(pid);
+        }
         let mut children = lock(&self.children);
         let Some(child) = children.get_mut(&node).filter(|c| c.id() == pid) else {
             return false;
@@ -234,6 +305,12 @@ impl Placement for Processes {
     }
 
     fn stop_all(&self) {
+        for (node, pid) in lock(&self.adopted).iter() {
+            if adopted_runs(*pid) {
+                tracing::warn!(node = node.0, pid, "killing adopted node agent");
+                kill_adopted(*pid);
+            }
+        }
         for (node, child) in lock(&self.children).iter_mut() {
             if let Ok(None) = child.try_wait() {
                 tracing::warn!(node = node.0, pid = child.id(), "killing node agent");
@@ -309,6 +386,8 @@ pub(crate) mod tests {
             addr: "10.0.0.1:7000".parse().unwrap(),
             secret_hex: "00".repeat(32),
             exe: PathBuf::from("/opt/gyre/bin/gyre"),
+            head_wait: Duration::ZERO,
+            incarnation: 0,
         }
     }
 
@@ -356,6 +435,43 @@ pub(crate) mod tests {
             assert!(!l.iter().any(|a| a.contains(&head().secret_hex)));
         }
         assert_eq!(slurm.name(), "slurm");
+    }
+
+    #[test]
+    fn agents_of_a_resumable_run_are_told_to_wait_for_a_new_head() {
+        let waiting = HeadInfo {
+            head_wait: Duration::from_secs(60),
+            incarnation: 2,
+            ..head()
+        };
+        let line = Processes::new(Launch::Local, waiting).command_line(&specs()[0]);
+        assert!(line.ends_with(&[
+            "--head-wait-s".to_string(),
+            "60".into(),
+            "--incarnation".into(),
+            "2".into()
+        ]));
+        let plain = Processes::new(Launch::Local, head()).command_line(&specs()[0]);
+        assert!(
+            !plain
+                .iter()
+                .any(|a| a.starts_with("--head-wait") || a == "--incarnation")
+        );
+    }
+
+    #[test]
+    fn an_adopted_process_is_waited_for_and_fenced_by_pid() {
+        let p = Processes::new(Launch::Local, head());
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        assert!(!p.adopt(NodeId(10), u32::MAX), "no such process");
+        assert!(p.adopt(NodeId(10), pid));
+        assert!(!p.kill(NodeId(10), pid + 1), "another pid is left alone");
+        assert!(p.kill(NodeId(10), pid));
+        // Reaped here (the test is its parent); an orphan's init reaps it.
+        child.wait().unwrap();
+        let ended = p.wait(NodeId(10)).unwrap();
+        assert!(ended.contains("adopted"), "{ended}");
     }
 
     #[test]

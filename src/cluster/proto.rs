@@ -151,6 +151,11 @@ pub enum NodeEvent {
         pid: u32,
         transfer: SocketAddr,
         commands: Addr<External<NodeCmd>>,
+        /// The head incarnation that started this agent (0 for a run's
+        /// first head, n for its n-th resume): an agent that outlived its
+        /// head joins the next one with a smaller number, which that
+        /// head's launcher adopts or stops (see `super::launcher`).
+        incarnation: u64,
     },
     Ready {
         node: NodeId,

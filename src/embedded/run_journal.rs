@@ -181,6 +181,9 @@ pub struct ResumeReport {
     /// What of the lost head's running groups this run adopted
     /// ([`crate::embedded::external::adopt`]).
     pub adopted: AdoptionReport,
+    /// Node agents the lost head left waiting for it, adopted by this one
+    /// instead of started anew (a cluster run's `agents_adopted`).
+    pub agents_adopted: u64,
 }
 
 /// A run's journal as opened for it: none without checkpoints; with
@@ -262,6 +265,7 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
         lost_updates: resumed.lost_updates,
         harnesses_killed: 0,
         adopted: AdoptionReport::default(),
+        agents_adopted: 0,
     };
     Ok(Opened {
         journal: Some(journal),

@@ -22,6 +22,7 @@
 //! Without checkpoints, or with its restarts spent, the core's loss fails
 //! the run, naming the node.
 
+mod durable;
 mod rejoin;
 
 use std::collections::BTreeMap;
@@ -84,6 +85,13 @@ pub struct ClusterOptions {
     /// the run journal in `[checkpoint] dir` (see
     /// [`crate::embedded::run_journal`]).
     pub resume: bool,
+    /// How long node agents wait for a resumed head after losing this one
+    /// (runs with a checkpoint directory, `local` and `slurm` placements;
+    /// zero: they exit with it). See [`durable`].
+    pub agent_wait: Duration,
+    /// How long a resumed head waits for the agents an earlier head left
+    /// running to join it before it starts new ones in their place.
+    pub adopt_wait: Duration,
 }
 
 impl ClusterOptions {
@@ -98,6 +106,8 @@ impl ClusterOptions {
             stall: Duration::from_secs(300),
             restarts: 3,
             resume: false,
+            agent_wait: Duration::from_secs(60),
+            adopt_wait: Duration::from_secs(10),
         }
     }
 }
@@ -136,6 +146,8 @@ pub enum ClusterError {
     Stalled { secs: u64, steps: u64, target: u64 },
     #[error("the gateway: {0}")]
     Gateway(String),
+    #[error("the head's state {path}: {what}")]
+    State { path: PathBuf, what: String },
 }
 
 impl From<ConfigError> for ClusterError {
@@ -199,6 +211,10 @@ pub struct ClusterReport {
     /// processes behind it (`--gateway-listen`, `--job`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gateway: Option<GatewayCounters>,
+    /// Node agents an earlier head left running that this one adopted
+    /// (reported as `resumed.agents_adopted`).
+    #[serde(skip)]
+    pub agents_adopted: u64,
 }
 
 /// Runs `cfg` across processes as `opts` places them.
@@ -222,19 +238,11 @@ pub fn run_cluster_with(
     if opts.listen.ip().is_unspecified() {
         return Err(ClusterError::Unreachable(opts.listen));
     }
-    let secret: [u8; 32] = rand::random();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let mut placement: Option<Arc<dyn Placement>> = None;
-    let result = rt.block_on(run_head(
-        cfg,
-        opts,
-        gateway,
-        &secret,
-        &mut placement,
-        progress,
-    ));
+    let result = rt.block_on(run_head(cfg, opts, gateway, &mut placement, progress));
     // Whatever happened, no node agent outlives its head.
     if let Some(p) = placement {
         p.stop_all();
@@ -263,6 +271,10 @@ struct Head {
     redone: u64,
     /// Bytes each node agent reported at the end.
     moved: BTreeMap<NodeId, BytesMoved>,
+    /// Where a resumable run records its agents' processes.
+    state: Option<durable::HeadState>,
+    /// Agents of an earlier head adopted.
+    agents_adopted: u64,
 }
 
 impl Head {
@@ -337,6 +349,14 @@ impl Head {
         });
     }
 
+    /// `node`'s process is `pid` now, recorded for a resumed head.
+    fn placed(&mut self, node: NodeId, pid: u32) {
+        self.pids.insert(node, pid);
+        if let Some(Err(e)) = self.state.as_ref().map(|s| s.remember_agent(node, pid)) {
+            tracing::warn!(node = node.0, error = %e, "a resumed head will not find this agent");
+        }
+    }
+
     fn failure(&mut self, event: ClusterEvent) -> Result<Option<NodeEvent>, ClusterError> {
         match event {
             ClusterEvent::Exited {
@@ -355,7 +375,13 @@ impl Head {
             }
             ClusterEvent::Started { node, pid } => {
                 tracing::info!(node = node.0, pid, roles = %self.label(node), "node agent started");
-                self.pids.insert(node, pid);
+                self.placed(node, pid);
+                Ok(None)
+            }
+            ClusterEvent::Adopted { node, pid } => {
+                tracing::info!(node = node.0, pid, roles = %self.label(node), "node agent adopted");
+                self.agents_adopted += 1;
+                self.placed(node, pid);
                 Ok(None)
             }
             ClusterEvent::LaunchFailed { label, error, .. } => {
@@ -417,7 +443,6 @@ async fn run_head(
     cfg: &EmbeddedConfig,
     opts: &ClusterOptions,
     gateway: Option<GatewayOptions>,
-    secret: &[u8; 32],
     placement_out: &mut Option<Arc<dyn Placement>>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ClusterReport, ClusterError> {
@@ -430,15 +455,48 @@ async fn run_head(
         cfg,
     } = run_journal::open(cfg, opts.resume)?;
     let cfg = &cfg;
+    // A resumable run keeps its secret and address for the head after
+    // this one, which its waiting agents join.
+    let state = durable::HeadState::new(
+        cfg.checkpoint
+            .path()
+            .map(|_| PathBuf::from(&cfg.checkpoint.dir))
+            .as_deref(),
+    );
+    let secret = &match &state {
+        Some(s) => {
+            if !opts.resume {
+                s.forget_agents()?;
+            }
+            s.secret(opts.resume)?
+        }
+        None => rand::random(),
+    };
     let transfer_secret = ClusterSecret::new(secret).map_err(PlaneError::from)?;
     let plane = Plane::start(HEAD, SocketAddr::new(opts.listen.ip(), 0), transfer_secret)?;
     plane.serve_homing();
     let shared = shared_over(&plane, cfg.model.clone());
 
+    let listen = match &state {
+        Some(s) => s.listen(opts.resume, opts.listen)?,
+        None => opts.listen,
+    };
     let mut live_cfg = LiveConfig::local(HEAD, cfg.seed);
-    live_cfg.listen = Some(opts.listen);
+    live_cfg.listen = Some(listen);
     live_cfg.secret = Some(LinkSecret::new(secret)?);
-    let live = LiveNode::start(live_cfg).await?;
+    let live = match LiveNode::start(live_cfg.clone()).await {
+        Err(e) if listen != opts.listen => {
+            // The lost head's address is taken: its agents will not find
+            // this head, and new ones are started in their place.
+            tracing::warn!(%listen, error = %e, "cannot listen where the lost head did");
+            live_cfg.listen = Some(opts.listen);
+            LiveNode::start(live_cfg).await?
+        }
+        started => started?,
+    };
+    if let (Some(s), Some(addr)) = (&state, live.local_addr()) {
+        s.remember_listen(addr)?;
+    }
     // Endpoints in a fixed order, the launcher next (`LAUNCHER_LOCAL_ID`).
     let (events_addr, events) = live.probe::<ClusterEvent>(1024);
     let (updates_addr, updates_rx) = live.probe::<UpdateSummary>(1024);
@@ -458,6 +516,7 @@ async fn run_head(
         secret,
         journal: journal.as_mut(),
         resumed: resumed.as_ref(),
+        state: state.as_ref(),
         placement_out,
         progress,
     };
@@ -554,7 +613,10 @@ async fn run_head(
     plane.stop();
     let mut report = outcome?;
     report.run.seed = seed_of_run;
-    report.run.resumed = resume_report;
+    report.run.resumed = resume_report.map(|mut r| {
+        r.agents_adopted = report.agents_adopted;
+        r
+    });
     report.run.wall_secs = started.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -577,6 +639,8 @@ struct HeadRun<'a> {
     journal: Option<&'a mut RunJournal>,
     /// What earlier heads of the run did.
     resumed: Option<&'a Resumed>,
+    /// The head's state files, in a resumable run.
+    state: Option<&'a durable::HeadState>,
     placement_out: &'a mut Option<Arc<dyn Placement>>,
     progress: &'a mut dyn FnMut(u64, u64),
 }
@@ -600,6 +664,7 @@ impl HeadRun<'_> {
             secret,
             journal,
             resumed,
+            state,
             placement_out,
             progress,
         } = self;
@@ -614,18 +679,39 @@ impl HeadRun<'_> {
             mut updates_rx,
         } = endpoints;
         let specs = node_specs(&cfg.sched, opts.processes);
+        let incarnation = resumed.map_or(0, |r| r.resumes + 1);
+        // Agents wait for a resumed head where it can adopt them: with
+        // the state to find them by, and processes it can watch.
+        let adoptable =
+            state.is_some() && matches!(opts.launch, Launch::Local | Launch::Slurm { .. });
         let placement: Arc<dyn Placement> = placement_for(
             &opts.launch,
             HeadInfo {
                 addr: head_addr,
                 secret_hex: to_hex(secret),
                 exe: opts.exe.clone(),
+                head_wait: if adoptable {
+                    opts.agent_wait
+                } else {
+                    Duration::ZERO
+                },
+                incarnation,
             },
             &specs,
         )
         .into();
         *placement_out = Some(placement.clone());
-        let launcher = live.spawn(Launcher::new(placement.clone(), specs.clone(), events_addr));
+        let earlier = match state {
+            Some(s) if adoptable && opts.resume => s.agents()?,
+            _ => BTreeMap::new(),
+        };
+        let launcher = live.spawn(
+            Launcher::new(placement.clone(), specs.clone(), events_addr).adopting(
+                incarnation,
+                earlier,
+                opts.adopt_wait,
+            ),
+        );
         if launcher.id() != launcher_id() {
             return Err(ClusterError::LauncherId {
                 got: launcher.id(),
@@ -655,6 +741,8 @@ impl HeadRun<'_> {
             moved: BTreeMap::new(),
             core_recovers: cfg.checkpoint.path().is_some(),
             redone: resumed.map_or(0, |r| r.lost_updates),
+            state: state.cloned(),
+            agents_adopted: 0,
         };
         let (tap, mut side) = match gateway {
             Some((tap, side)) => (Some(tap), Some(side)),
@@ -716,6 +804,7 @@ impl HeadRun<'_> {
             node_losses: head.lost.clone(),
             redone_updates: head.redone,
             gateway: None,
+            agents_adopted: head.agents_adopted,
         })
     }
 }
@@ -781,6 +870,7 @@ async fn drive<T: TaskBackends>(
             pid,
             transfer,
             commands,
+            ..
         } = head.next(deadline, "join").await?
         {
             tracing::info!(node = node.0, pid, %transfer, "node agent joined");

@@ -122,6 +122,7 @@ impl Head {
                 pid,
                 transfer,
                 commands,
+                ..
             } if self.is_lost(node) && !self.rejoins.joining.contains_key(&node) => {
                 tracing::info!(node = node.0, pid, %transfer, "restarted node agent joined");
                 self.agents.insert(node, pid);
