@@ -197,6 +197,10 @@ async fn obey(
             tokio::select! {
                 next = rx.recv() => next,
                 _ = resend.tick() => {
+                    // A head lost before the watch on it began is seen here.
+                    if !live.connected(HEAD, Duration::ZERO).await {
+                        return Err(NodeError::HeadLost);
+                    }
                     live.send(from, launcher, joined.clone()).await?;
                     tracing::info!(node = node.0, %transfer, "node agent joined the head");
                     continue;
