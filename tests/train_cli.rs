@@ -232,3 +232,22 @@ fn combinations_not_built_are_refused_naming_them() {
         &["--resume"],
     );
 }
+
+#[test]
+fn a_broken_stderr_costs_the_log_not_the_run() {
+    // Whoever read a process's log may be gone (a node agent's killed
+    // head): writing a log line then fails, and the run goes on without
+    // it instead of panicking in whatever task was logging.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["train", "--tiny", "--steps", "2", "--json"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gyre runs");
+    drop(child.stderr.take());
+    let out = child.wait_with_output().expect("gyre ends");
+    assert!(out.status.success(), "{:?}", out.status);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(versions(&report), [1, 2]);
+}
