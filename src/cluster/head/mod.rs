@@ -494,6 +494,9 @@ async fn run_head(
         }
         started => started?,
     };
+    // Agents the lost head left waiting dial where it listened: only a
+    // head listening there can adopt them.
+    let reachable = opts.resume && live.local_addr() == Some(listen);
     if let (Some(s), Some(addr)) = (&state, live.local_addr()) {
         s.remember_listen(addr)?;
     }
@@ -517,6 +520,7 @@ async fn run_head(
         journal: journal.as_mut(),
         resumed: resumed.as_ref(),
         state: state.as_ref(),
+        adopt: reachable,
         placement_out,
         progress,
     };
@@ -641,6 +645,8 @@ struct HeadRun<'a> {
     resumed: Option<&'a Resumed>,
     /// The head's state files, in a resumable run.
     state: Option<&'a durable::HeadState>,
+    /// Whether the lost head's waiting agents can reach this one.
+    adopt: bool,
     placement_out: &'a mut Option<Arc<dyn Placement>>,
     progress: &'a mut dyn FnMut(u64, u64),
 }
@@ -665,6 +671,7 @@ impl HeadRun<'_> {
             journal,
             resumed,
             state,
+            adopt,
             placement_out,
             progress,
         } = self;
@@ -702,7 +709,7 @@ impl HeadRun<'_> {
         .into();
         *placement_out = Some(placement.clone());
         let earlier = match state {
-            Some(s) if adoptable && opts.resume => s.agents()?,
+            Some(s) if adoptable && adopt => s.agents()?,
             _ => BTreeMap::new(),
         };
         let launcher = live.spawn(
