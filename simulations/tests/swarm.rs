@@ -210,6 +210,20 @@ fn a_node_lost_again_while_it_rejoins_or_returns_starts_over() {
     }
 }
 
+/// Seed 1,226,400 (session 20's scan): the pool's node died again 3 ms
+/// after it came back, while its engine loaded the published weights; the
+/// `Loaded` the dying process had sent arrived after the second loss and
+/// ended the pool's new rejoin (a load is all a pool's rejoin does), so
+/// the node's next restart was taken for one already rejoined and its
+/// fresh engine served version 0 to the end. A lost cell now ignores its
+/// backends' answers until the host says the node is back.
+#[test]
+fn a_pool_lost_again_while_loading_ignores_the_dying_processs_answer() {
+    let seed = 1_226_400;
+    let outcome = run_swarm(&live_swarm_config(seed), live_plan(seed)).expect("the seed runs");
+    assert!(outcome.error.is_none(), "seed {seed}: {:?}", outcome.error);
+}
+
 #[test]
 fn the_live_clusters_settings_survive_node_crashes_announced_by_the_host() {
     let count = std::env::var("GYRE_LIVE_SWARM_SEEDS")

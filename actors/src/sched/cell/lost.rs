@@ -68,6 +68,7 @@ impl Cell {
     pub(super) fn on_lost(&mut self, switch: SwitchId, version: Version, cx: &mut Cx<'_, Self>) {
         self.stats.losses += 1;
         self.rejoining = true;
+        self.backends_down = !self.outbox.resends();
         self.abandoned = self.training_step().or(self.abandoned);
         self.rejoined_as = Some(switch);
         self.pending_return = None;
@@ -100,6 +101,7 @@ impl Cell {
     /// process is asked again. Only with `rejoin_notices`, where nothing
     /// is resent on a timer.
     pub(super) fn on_node_back(&mut self, node: NodeId, cx: &mut Cx<'_, Self>) {
+        self.backends_down = false;
         let resync = std::mem::take(&mut self.resync.needed)
             && matches!(
                 self.phase,

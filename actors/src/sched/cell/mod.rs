@@ -141,6 +141,11 @@ pub struct Cell {
     /// Rejoining after its node was lost: messages of the abandoned phase
     /// are expected, and ignored.
     rejoining: bool,
+    /// Lost without resends (the live settings): until the host says the
+    /// node is back, any answer of its backends comes from the process that
+    /// died (a `Loaded` it sent before it went down would otherwise end a
+    /// pool's rejoin, whose only step is a load, on a node not back yet).
+    backends_down: bool,
     /// The batch abandoned when the node was lost: the queue may still
     /// answer its claims after the rejoin.
     abandoned: Option<Step>,
@@ -181,6 +186,7 @@ impl Cell {
             pending_return: None,
             outbox: Outbox::new(None),
             rejoining: false,
+            backends_down: false,
             abandoned: None,
             aborted: None,
             trainer_epoch: 0,
@@ -352,6 +358,9 @@ impl Actor for Cell {
                 self.outbox.forget(&ReqKey::Release(role));
                 self.outbox.forget(&ReqKey::Restore(role));
                 self.on_memory(MemoryEvent::Refused { role, reason }, cx);
+            }
+            CellMsg::Engine(_) | CellMsg::Memory(_) | CellMsg::Trainer(_) if self.backends_down => {
+                self.stats.stale_after_loss += 1;
             }
             CellMsg::Engine(EngineEvent::Unloaded) if self.resync.busy() => {
                 if self.outbox.ack(&EngineEvent::Unloaded) {
