@@ -4,8 +4,9 @@ local`, and how the run recovered: from the kill to the node back in the
 run (its restarted agent rebuilt, the scheduler told), to the next update
 published, and the updates made again by a restored core.
 
-usage: scripts/cluster-kill.py GYRE [RUNS] [head]   (e.g. target/release/gyre 3;
-`head` runs only the head's rows)
+usage: scripts/cluster-kill.py GYRE [RUNS] [head [EVERY]]   (e.g.
+target/release/gyre 3; `head` runs only the head's rows, EVERY sets the
+checkpoints' period for them, 2 by default)
 
 Each run trains 40 steps with checkpoints every 2 updates, waits for 3
 updates, then kills node 11 (cell 1: serving or a satellite), node 5 (the
@@ -14,7 +15,11 @@ control; the script starts a new head at once with `--resume` and times
 the kill to the new head's first update, the updates made again, and the
 update the checkpoint held, twice: with agents that exit with their head
 (`--agent-wait-s 0`, every process started again) and with agents that
-wait for the new head, which adopts them (the default). Times are
+wait for the new head, which adopts them (the default). In both, the
+core's agent leaves its state on disk when it finds its head gone (the
+core's last word), and the resume starts from it when it can: the
+"role" column says from which version and whether the word was taken.
+Times are
 wall-clock seconds from the head's log; real time is not reproducible, so
 read medians.
 """
@@ -38,13 +43,13 @@ def stamp(line):
     return datetime.fromisoformat(t[:26]).timestamp()
 
 
-def fresh_config(ckdir):
-    """A config checkpointing every 2 updates into an emptied `ckdir`."""
+def fresh_config(ckdir, every=2):
+    """A config checkpointing every `every` updates into an emptied `ckdir`."""
     cfg = os.path.join(ckdir, "ck.toml")
     with open(cfg, "w") as f:
-        f.write(f'[checkpoint]\nevery = 2\ndir = "{ckdir}"\n')
+        f.write(f'[checkpoint]\nevery = {every}\ndir = "{ckdir}"\n')
     for name in os.listdir(ckdir):
-        if name.endswith(".ckpt") or name in ("run.jsonl", "agents.json"):
+        if name.endswith(".ckpt") or name in ("run.jsonl", "agents.json", "core.last.json"):
             os.remove(os.path.join(ckdir, name))
     return cfg
 
@@ -96,9 +101,9 @@ def drain(stream):
     t.start()
 
 
-def head_one(gyre, ckdir, wait):
+def head_one(gyre, ckdir, wait, every):
     """kill -9 of the head after 3 updates, then `--resume` at once."""
-    cfg = fresh_config(ckdir)
+    cfg = fresh_config(ckdir, every)
     env = dict(os.environ, RUST_LOG="info")
     argv = [gyre, "train", "--tiny", "--steps", "40", "--cluster", "local",
             "--config", cfg, "--json", "--agent-wait-s", wait]
@@ -129,8 +134,12 @@ def head_one(gyre, ckdir, wait):
         sys.exit("the resumed head failed:\n" + "".join(lines[-30:]))
     report = json.loads(out)
     adopted = report["resumed"].get("agents_adopted", 0)
+    word = report["resumed"].get("core_last_word")
+    said = ("no word" if word is None else
+            "word taken" if word["taken"] else f"word refused: {word['why']}")
     return {
-        "role": f"resumed from v{report['resumed']['from_version']}, {adopted} agents adopted",
+        "role": f"resumed from v{report['resumed']['from_version']} ({said}), "
+                f"{adopted} agents adopted",
         "back": None,
         "next_update": first,
         "redone": report["redone_updates"],
@@ -145,8 +154,10 @@ def main():
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as ckdir:
         victims = [("11", "cell 1"), ("5", "pool"), ("10", "cell 0 (core)")]
-        if sys.argv[3:] == ["head"]:
+        every = 2
+        if sys.argv[3:4] == ["head"]:
             victims = []
+            every = int(sys.argv[4]) if len(sys.argv) > 4 else 2
         for victim, what in victims:
             backs, nexts = [], []
             for r in range(runs):
@@ -164,7 +175,7 @@ def main():
         for wait, what in [("0", "head, agents exit"), ("60", "head, agents adopted")][::-1]:
             nexts = []
             for r in range(runs):
-                o = head_one(gyre, ckdir, wait)
+                o = head_one(gyre, ckdir, wait, every)
                 nexts.append(o["next_update"])
                 fmt = lambda x: "-" if x is None else f"{x:.3f}"
                 print(f"| {what} | {r + 1} | {o['role']} | - | {fmt(o['next_update'])} | "

@@ -429,6 +429,16 @@ fn strs(v: &[String]) -> Vec<&str> {
 /// are published and its three agents started: its log so far, and the
 /// thread still reading its output (which the agents inherited).
 fn kill_head_after(updates: usize, extra: &[&str]) -> (String, std::thread::JoinHandle<()>) {
+    kill_head_and(updates, extra, None)
+}
+
+/// [`kill_head_after`], killing first the agent of node `node` (the
+/// machine lost with the head).
+fn kill_head_and(
+    updates: usize,
+    extra: &[&str],
+    node: Option<&str>,
+) -> (String, std::thread::JoinHandle<()>) {
     let (mut head, rx, reader) = head_with_log("40", extra);
     let mut log = Vec::new();
     let mut published = 0;
@@ -439,6 +449,15 @@ fn kill_head_after(updates: usize, extra: &[&str]) -> (String, std::thread::Join
             .unwrap_or_else(|_| panic!("the run never got going:\n{}", log.join("\n")));
         published += usize::from(line.contains("update published"));
         log.push(line);
+    }
+    if let Some(node) = node {
+        let pid = started_pids(&log.join("\n"))
+            .into_iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, pid)| pid)
+            .expect("the node's agent");
+        let killed = Command::new("kill").args(["-9", &pid]).status().unwrap();
+        assert!(killed.success());
     }
     head.kill().unwrap();
     head.wait().unwrap();
@@ -558,6 +577,25 @@ fn a_resumed_head_adopts_the_node_agents_its_lost_head_left_waiting() {
         .collect();
     let report = json(&strs(&args));
     assert_eq!(report["resumed"]["agents_adopted"], 3, "{report}");
+    // The core's agent, finding its head gone, left its state: the resume
+    // continues from the core's version, not from the periodic checkpoint
+    // (every 2 updates), and makes no update again. Updates the lost head
+    // had not journaled are carried by the word into the journal before
+    // the resume's line.
+    let word = &report["resumed"]["core_last_word"];
+    assert_eq!(word["taken"], true, "{report}");
+    let from = report["resumed"]["from_version"].as_u64().unwrap();
+    assert_eq!(word["version"].as_u64(), Some(from), "{report}");
+    assert!(from >= 5, "{report}");
+    let journal = std::fs::read_to_string(dir.path().join("run.jsonl")).unwrap();
+    let before_resume = journal.split(r#""kind":"resume""#).next().unwrap();
+    assert_eq!(
+        before_resume.matches(r#""kind":"update""#).count() as u64,
+        from,
+        "{journal}"
+    );
+    assert_eq!(report["redone_updates"], 0, "{report}");
+    assert_eq!(report["resumed"]["lost_updates"], 0, "{report}");
     let mut pids: Vec<u64> = report["processes"]
         .as_array()
         .unwrap()
@@ -590,8 +628,14 @@ fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
     let dir = tempfile::tempdir().unwrap();
     let config = checkpoint_every_2(dir.path());
     // Agents that do not wait for a new head (with waiting ones, the next
-    // test).
-    let (log, reader) = kill_head_after(7, &["--json", "--config", &config, "--agent-wait-s", "0"]);
+    // test), and the core's node lost with the head: no last word from
+    // the core (that case is the next test's), so the resume is from the
+    // periodic checkpoint.
+    let (log, reader) = kill_head_and(
+        7,
+        &["--json", "--config", &config, "--agent-wait-s", "0"],
+        Some("10"),
+    );
     let agents = started_pids(&log);
     for (node, pid) in &agents {
         let pid: u64 = pid.parse().unwrap();
@@ -637,6 +681,7 @@ fn a_killed_head_is_resumed_from_the_core_checkpoint_and_its_journal() {
     );
     assert_eq!(report["resumed"]["earlier_resumes"], 0);
     assert_eq!(report["resumed"]["lost_updates"], journaled as u64 - from);
+    assert!(report["resumed"]["core_last_word"].is_null(), "{report}");
     // Every step after the checkpoint trained targets from it.
     let updates = report["updates"].as_array().unwrap();
     assert!(

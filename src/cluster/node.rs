@@ -29,6 +29,7 @@ use super::proto::{CellPorts, HEAD, NodeCmd, NodeEvent, NodePorts, Role, launche
 use super::tap::{RemoteTap, TapMsg};
 use crate::embedded::cluster::{BuildError, BuiltInTask, EmbeddedBackends, EmbeddedConfig};
 use crate::embedded::engine::TokenTap;
+use crate::embedded::last_word::CoreLastWord;
 use crate::embedded::task::Workspaces;
 use crate::embedded::trainer::UpdateSummary;
 
@@ -190,6 +191,8 @@ async fn obey(
     // launcher yet to take it. The launcher drops repeats.
     let mut resend = tokio::time::interval(JOIN_RESEND);
     let mut answered = false;
+    // The core's trainer, if assigned here, and the head it serves.
+    let mut last_word: Option<(CoreLastWord, u64)> = None;
     loop {
         let next = if answered {
             rx.recv().await
@@ -216,6 +219,7 @@ async fn obey(
                 directory,
                 observer,
                 tap,
+                incarnation,
             } => {
                 let assigned = Assignment {
                     config: &config,
@@ -225,7 +229,10 @@ async fn obey(
                     tap,
                 };
                 let event = match assign(live, plane, assigned).await {
-                    Ok(ports) => NodeEvent::Ready { node, ports },
+                    Ok((ports, word)) => {
+                        last_word = word.map(|w| (w, incarnation));
+                        NodeEvent::Ready { node, ports }
+                    }
                     Err(error) => {
                         tracing::error!(node = node.0, %error, "assignment failed");
                         NodeEvent::Failed { node, error }
@@ -261,10 +268,38 @@ async fn obey(
                 }
             }
             NodeCmd::Stop => return Ok(()),
-            NodeCmd::HeadLost => return Err(NodeError::HeadLost),
+            NodeCmd::HeadLost => {
+                if let Some((word, incarnation)) = last_word.take() {
+                    say_last_word(node, word, incarnation).await;
+                }
+                return Err(NodeError::HeadLost);
+            }
         }
     }
     Ok(())
+}
+
+/// The core's node, its head lost: leaves the core's state for the head
+/// resumed after it ([`crate::embedded::last_word`]), whether this agent
+/// then waits for that head or exits. A failure costs only the updates
+/// since the last periodic checkpoint, which the resume makes again.
+async fn say_last_word(node: NodeId, word: CoreLastWord, incarnation: u64) {
+    let said = tokio::task::spawn_blocking(move || word.say(incarnation))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+    match said {
+        Ok(w) => tracing::info!(
+            node = node.0,
+            version = w.version,
+            saved = w.saved,
+            carried = w.updates.len(),
+            "the core's last word is on disk"
+        ),
+        Err(error) => {
+            tracing::error!(node = node.0, %error, "could not write the core's last word")
+        }
+    }
 }
 
 /// How often an agent says it joined until the head answers.
@@ -285,7 +320,7 @@ async fn assign(
     live: &LiveNode,
     plane: &Arc<Plane>,
     assigned: Assignment<'_>,
-) -> Result<NodePorts, String> {
+) -> Result<(NodePorts, Option<CoreLastWord>), String> {
     let Assignment {
         config,
         roles,
@@ -319,10 +354,14 @@ async fn assign(
             .publish(params.version, Arc::from(params.encode()));
     }
     let mut ports = NodePorts::default();
+    let mut last_word = None;
     for role in roles {
         match *role {
             Role::Cell(c) => {
                 let cell = factory.cell(c, cfg.sched.cell_capacity).map_err(build)?;
+                if c == 0 {
+                    last_word = cell.trainer.last_word();
+                }
                 ports.cells.push(CellPorts {
                     cell: c,
                     engine: Recipient::of(live.spawn(cell.engine)),
@@ -336,7 +375,7 @@ async fn assign(
             }
         }
     }
-    Ok(ports)
+    Ok((ports, last_word))
 }
 
 /// Hex, for the secret in the environment.

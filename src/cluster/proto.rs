@@ -130,6 +130,9 @@ pub enum NodeCmd {
         /// executions are external processes behind the head's gateway);
         /// `None`: the engines write each call's record themselves.
         tap: Option<Addr<External<TapMsg>>>,
+        /// The head's incarnation (0 for the run's first, n for its n-th
+        /// resume), which the core's last word names when it is lost.
+        incarnation: u64,
     },
     /// Tell the head the bytes this process moved.
     Report,

@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod engine;
 pub mod external;
 pub mod journal;
+pub mod last_word;
 pub mod live;
 pub mod memory;
 pub mod record;

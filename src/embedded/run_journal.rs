@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::cluster::{ConfigFileError, EmbeddedConfig};
 use super::external::side::AdoptionReport;
+use super::last_word::{LastWordReport, LostHead, Taken};
 use super::shared::lock;
 use super::task::{RewardTally, TaskStats, Workspaces};
 use super::trainer::UpdateSummary;
@@ -166,7 +167,7 @@ impl RewardsSeen {
 }
 
 /// What a run reports of its resume (`--resume`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ResumeReport {
     /// The version of the core's checkpoint the run resumed from.
     pub from_version: u64,
@@ -184,6 +185,10 @@ pub struct ResumeReport {
     /// Node agents the lost head left waiting for it, adopted by this one
     /// instead of started anew (a cluster run's `agents_adopted`).
     pub agents_adopted: u64,
+    /// What the lost head's core left when it lost its head, and whether
+    /// this run resumed from it (a cluster run's; see
+    /// [`super::last_word`]).
+    pub core_last_word: Option<LastWordReport>,
 }
 
 /// A run's journal as opened for it: none without checkpoints; with
@@ -205,6 +210,21 @@ pub struct Opened {
 /// Opens the run's journal when the core writes checkpoints: a new run's
 /// in an unused directory, or, with `resume`, the lost run's.
 pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> {
+    open_with(cfg, resume, None)
+}
+
+/// How a resumed cluster head takes the core's last word
+/// ([`super::last_word::take`] with its wait and its view of the core's
+/// process): given the checkpoint directory and what the lost head
+/// journaled.
+pub type TakeWord<'a> = &'a dyn Fn(&Path, &LostHead) -> Result<Option<Taken>, String>;
+
+/// [`open`], a resume first taking the core's last word with `take_word`.
+pub fn open_with(
+    cfg: &EmbeddedConfig,
+    resume: bool,
+    take_word: Option<TakeWord<'_>>,
+) -> Result<Opened, JournalError> {
     let mut cfg = cfg.clone();
     let Some(ckpt) = cfg.checkpoint.path() else {
         if resume {
@@ -235,6 +255,16 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
             cfg,
         });
     }
+    let word = match (take_word, lost_head(&dir, &digest)?) {
+        (Some(take), Some(lost)) => take(&dir, &lost).map_err(|why| JournalError::Checkpoint {
+            path: dir.join(super::last_word::WORD),
+            why,
+        })?,
+        _ => None,
+    };
+    if let Some(w) = &word {
+        tracing::info!(word = ?w.report, "the core's last word");
+    }
     let version = if ckpt.exists() {
         CoreCheckpoint::load(&ckpt)
             .map_err(|e| JournalError::Checkpoint {
@@ -249,7 +279,8 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
     // left to train) must not count as a resume.
     cfg.sched.start_version = version;
     cfg.sched.validate()?;
-    let (journal, resumed) = RunJournal::resume(&dir, &digest, target, version)?;
+    let carried = word.as_ref().map_or(&[][..], |w| &w.journal[..]);
+    let (journal, resumed) = RunJournal::resume_with(&dir, &digest, target, version, carried)?;
     tracing::info!(
         version,
         kept = resumed.updates.len(),
@@ -266,6 +297,7 @@ pub fn open(cfg: &EmbeddedConfig, resume: bool) -> Result<Opened, JournalError> 
         harnesses_killed: 0,
         adopted: AdoptionReport::default(),
         agents_adopted: 0,
+        core_last_word: word.map(|w| w.report),
     };
     Ok(Opened {
         journal: Some(journal),
@@ -398,6 +430,50 @@ pub fn config_digest(config_toml: &str) -> String {
     d.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
+/// What the head before this resume journaled, judged by the core's last
+/// word; `None` without a journal of this run.
+fn lost_head(dir: &Path, digest: &str) -> Result<Option<LostHead>, JournalError> {
+    let path = dir.join(FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let lines = parse(&path, &text)?;
+    if !matches!(lines.first(), Some(Line::Run { config, .. }) if config == digest) {
+        // Refused, naming why, by the resume itself.
+        return Ok(None);
+    }
+    let mut lost = LostHead {
+        incarnation: 0,
+        started: 0,
+        updates: BTreeSet::new(),
+        sealed: BTreeSet::new(),
+    };
+    for line in &lines[1..] {
+        match line {
+            Line::Resume { version, .. } => {
+                lost = LostHead {
+                    incarnation: lost.incarnation + 1,
+                    started: *version,
+                    updates: BTreeSet::new(),
+                    sealed: BTreeSet::new(),
+                };
+            }
+            Line::Update(u) => {
+                lost.updates.insert(u.version);
+            }
+            Line::Sealed {
+                incarnation, step, ..
+            } if *incarnation == lost.incarnation => {
+                lost.sealed.insert(*step);
+            }
+            _ => {}
+        }
+    }
+    Ok(Some(lost))
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
     move |source| JournalError::Io {
         path: path.to_owned(),
@@ -451,6 +527,19 @@ impl RunJournal {
         target_steps: u64,
         version: u64,
     ) -> Result<(Self, Resumed), JournalError> {
+        Self::resume_with(dir, digest, target_steps, version, &[])
+    }
+
+    /// [`RunJournal::resume`], first journaling `carried`: updates the
+    /// lost head's core made that the lost head had not journaled (the
+    /// core's last word, [`super::last_word`]).
+    pub fn resume_with(
+        dir: &Path,
+        digest: &str,
+        target_steps: u64,
+        version: u64,
+        carried: &[UpdateSummary],
+    ) -> Result<(Self, Resumed), JournalError> {
         let path = dir.join(FILE);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => Some(t),
@@ -465,7 +554,8 @@ impl RunJournal {
             })?;
             return Ok((j, Resumed::default()));
         };
-        let lines = parse(&path, &text)?;
+        let mut lines = parse(&path, &text)?;
+        lines.extend(carried.iter().map(|u| Line::Update(*u)));
         match lines.first() {
             Some(Line::Run { config, .. }) if config == digest => {}
             Some(Line::Run { config, .. }) => {
@@ -543,6 +633,9 @@ impl RunJournal {
             file.set_len(whole as u64).map_err(io(&path))?;
         }
         let mut j = Self { path, file };
+        for u in carried {
+            j.append(&Line::Update(*u))?;
+        }
         j.append(&Line::Resume {
             version,
             lost_updates: lost,
@@ -595,15 +688,7 @@ mod tests {
     use super::*;
 
     fn update(version: u64) -> UpdateSummary {
-        UpdateSummary {
-            step: version - 1,
-            version,
-            loss: 0.5,
-            grad_norm: 1.0,
-            clipped: false,
-            micro_steps: 2,
-            targets: 10,
-        }
+        UpdateSummary::example(version)
     }
 
     fn dir(name: &str) -> PathBuf {

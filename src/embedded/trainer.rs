@@ -38,6 +38,7 @@ use gyre_runtime::{Actor, ActorId, Cx, IoError, Nanos, Recipient, get_decoded};
 use serde::{Deserialize, Serialize};
 
 use super::journal::{Journal, op_line};
+use super::last_word::{CoreLastWord, RecentUpdates};
 use super::shared::{Shared, TrainerHandle, lock};
 use super::work::{Serial, Work};
 use gyre_simulations::replay::schema::Op;
@@ -102,6 +103,20 @@ pub struct UpdateSummary {
 }
 
 impl UpdateSummary {
+    /// An update of `version` for tests of what keeps updates.
+    #[cfg(test)]
+    pub(crate) fn example(version: u64) -> Self {
+        Self {
+            step: version - 1,
+            version,
+            loss: 0.5,
+            grad_norm: 1.0,
+            clipped: false,
+            micro_steps: 2,
+            targets: 10,
+        }
+    }
+
     fn new(step: Step, r: &UpdateReport) -> Self {
         Self {
             step,
@@ -166,6 +181,8 @@ pub struct TrainerWorker {
     observer: Option<Recipient<UpdateSummary>>,
     /// Where the core writes its durable checkpoint.
     checkpoint: Option<PathBuf>,
+    /// The core's latest updates, for its last word.
+    recent: RecentUpdates,
     /// `gyre train --record`: where each operation is written, and when
     /// the running one began.
     journal: Option<Journal>,
@@ -208,6 +225,7 @@ impl TrainerWorker {
             stats: TrainerStats::default(),
             observer: None,
             checkpoint: None,
+            recent: RecentUpdates::default(),
             journal: None,
             began: 0,
             arrived: 0,
@@ -221,6 +239,17 @@ impl TrainerWorker {
     pub fn with_checkpoint(mut self, path: Option<PathBuf>) -> Self {
         self.checkpoint = path;
         self
+    }
+
+    /// What the core's node agent writes when the head is lost (a core
+    /// with checkpoints only; see [`crate::embedded::last_word`]).
+    pub fn last_word(&self) -> Option<CoreLastWord> {
+        let path = self.checkpoint.as_deref()?;
+        Some(CoreLastWord::new(
+            self.trainer.clone(),
+            self.recent.clone(),
+            path,
+        ))
     }
 
     /// Writes every operation to `journal` (`gyre train --record`).
@@ -407,6 +436,7 @@ impl TrainerWorker {
         let trainer = self.trainer.clone();
         let slot = self.reduced.clone();
         let weights = self.shared.weights.clone();
+        let recent = self.recent.clone();
         Work::new("trainer.update", move || {
             let reduced = lock(&slot)
                 .take()
@@ -415,7 +445,11 @@ impl TrainerWorker {
             let report = t.apply(&reduced).map_err(|e| e.to_string())?;
             let params = t.params().map_err(|e| e.to_string())?;
             weights.publish(params.version, Arc::from(params.encode()));
-            Ok(Finished::Updated(UpdateSummary::new(step, &report)))
+            let summary = UpdateSummary::new(step, &report);
+            // Under the trainer's lock: the core's last word reads the
+            // version and its summaries together.
+            recent.push(summary);
+            Ok(Finished::Updated(summary))
         })
     }
 

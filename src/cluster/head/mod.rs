@@ -27,7 +27,7 @@ mod rejoin;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +44,7 @@ use tokio::sync::mpsc::Receiver;
 
 use super::launcher::{ClusterEvent, Launcher, LauncherMsg};
 use super::node::to_hex;
-use super::placement::{HeadInfo, Launch, Placement, placement_for};
+use super::placement::{HeadInfo, Launch, Placement, placement_for, process_runs};
 use super::plane::{BytesMoved, Directory, Plane, PlaneError, shared_over};
 use super::proto::{HEAD, NodeCmd, NodeEvent, NodePorts, NodeSpec, Role, launcher_id, node_specs};
 use super::tap::{TapMsg, serve_tap};
@@ -54,6 +54,7 @@ use crate::embedded::cluster::{
 use crate::embedded::external::GatewayOptions;
 use crate::embedded::external::bridge::ToFront;
 use crate::embedded::external::side::{self, GatewayCounters, GatewaySide, Incarnation};
+use crate::embedded::last_word::{self, LostHead, Taken};
 use crate::embedded::live::LiveReport;
 use crate::embedded::run_journal::{
     self, JournalError, Line, Opened, Resumed, RewardsSeen, RunJournal,
@@ -275,6 +276,8 @@ struct Head {
     state: Option<durable::HeadState>,
     /// Agents of an earlier head adopted.
     agents_adopted: u64,
+    /// 0 for the run's first head, n for its n-th resume.
+    incarnation: u64,
 }
 
 impl Head {
@@ -448,12 +451,13 @@ async fn run_head(
 ) -> Result<ClusterReport, ClusterError> {
     let started = Instant::now();
     let seed_of_run = cfg.seed;
+    let take_word = |dir: &Path, lost: &LostHead| take_core_word(cfg, opts, dir, lost);
     let Opened {
         mut journal,
         resumed,
         report: mut resume_report,
         cfg,
-    } = run_journal::open(cfg, opts.resume)?;
+    } = tokio::task::block_in_place(|| run_journal::open_with(cfg, opts.resume, Some(&take_word)))?;
     let cfg = &cfg;
     // A resumable run keeps its secret and address for the head after
     // this one, which its waiting agents join.
@@ -625,6 +629,35 @@ async fn run_head(
     Ok(report)
 }
 
+/// A resumed head's take of the core's last word: while the core's node
+/// agent, as the lost head recorded it, still runs here (`local` and
+/// `slurm` placements, whose processes a head can see), it waits up to the
+/// adoption window for the word, which that agent writes as soon as it
+/// finds its head gone.
+fn take_core_word(
+    cfg: &EmbeddedConfig,
+    opts: &ClusterOptions,
+    dir: &Path,
+    lost: &LostHead,
+) -> Result<Option<Taken>, String> {
+    let visible = matches!(opts.launch, Launch::Local | Launch::Slurm { .. });
+    let core_node = node_specs(&cfg.sched, opts.processes)
+        .into_iter()
+        .find(|s| s.roles.contains(&Role::Cell(0)))
+        .map(|s| s.node);
+    let pid = match (visible, core_node, durable::HeadState::new(Some(dir))) {
+        (true, Some(node), Some(state)) => state
+            .agents()
+            .map_err(|e| e.to_string())?
+            .get(&node)
+            .copied(),
+        _ => None,
+    };
+    last_word::take(dir, lost, opts.adopt_wait, &|| {
+        pid.is_some_and(process_runs)
+    })
+}
+
 /// The head's endpoints for the node agents' events and the core's updates.
 struct Endpoints {
     events_addr: Addr<External<ClusterEvent>>,
@@ -750,6 +783,7 @@ impl HeadRun<'_> {
             redone: resumed.map_or(0, |r| r.lost_updates),
             state: state.cloned(),
             agents_adopted: 0,
+            incarnation,
         };
         let (tap, mut side) = match gateway {
             Some((tap, side)) => (Some(tap), Some(side)),
@@ -915,6 +949,7 @@ async fn drive<T: TaskBackends>(
             directory: directory.clone(),
             observer: Recipient::of(updates_addr),
             tap,
+            incarnation: head.incarnation,
         };
         head.tell(joined[&spec.node].1, cmd).await?;
     }

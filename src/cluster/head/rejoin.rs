@@ -157,6 +157,7 @@ impl Head {
                     directory: run.directory.clone(),
                     observer: run.observer,
                     tap: run.tap,
+                    incarnation: self.incarnation,
                 };
                 self.tell(commands, cmd).await?;
                 self.rejoins.joining.insert(node, (others, false));

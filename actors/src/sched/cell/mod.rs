@@ -350,6 +350,11 @@ impl Actor for Cell {
             CellMsg::Lost { switch, version } => self.on_lost(switch, version, cx),
             CellMsg::BackendsLost => self.on_backends_lost(cx),
             CellMsg::NodeBack { node } => self.on_node_back(node, cx),
+            // A lost node's dying process may still answer (a refusal
+            // included): nothing it says counts until the node is back.
+            CellMsg::Engine(_) | CellMsg::Memory(_) | CellMsg::Trainer(_) if self.backends_down => {
+                self.stats.stale_after_loss += 1;
+            }
             // A backend's answer counts once: a duplicate (the network's
             // copy, or the answer to a resend) finds nothing outstanding.
             // A refusal does not say which of the role's requests it
@@ -358,9 +363,6 @@ impl Actor for Cell {
                 self.outbox.forget(&ReqKey::Release(role));
                 self.outbox.forget(&ReqKey::Restore(role));
                 self.on_memory(MemoryEvent::Refused { role, reason }, cx);
-            }
-            CellMsg::Engine(_) | CellMsg::Memory(_) | CellMsg::Trainer(_) if self.backends_down => {
-                self.stats.stale_after_loss += 1;
             }
             CellMsg::Engine(EngineEvent::Unloaded) if self.resync.busy() => {
                 if self.outbox.ack(&EngineEvent::Unloaded) {
