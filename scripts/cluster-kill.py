@@ -122,13 +122,17 @@ def head_one(gyre, ckdir, wait, every):
     drain(head.stderr)
     resumed = subprocess.Popen(argv + ["--resume"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=env, text=True)
-    first = None
+    first, new = None, None
     lines = []
     for raw in resumed.stderr:
         line = ANSI.sub("", raw)
         lines.append(line)
-        if first is None and "update published" in line:
-            first = stamp(line) - killed_at
+        if "update published" in line:
+            if first is None:
+                first = stamp(line) - killed_at
+            m = re.search(r"version=(\d+)", line)
+            if new is None and m and int(m.group(1)) > updates:
+                new = stamp(line) - killed_at
     out = resumed.stdout.read()
     if resumed.wait() != 0:
         sys.exit("the resumed head failed:\n" + "".join(lines[-30:]))
@@ -142,6 +146,7 @@ def head_one(gyre, ckdir, wait, every):
                 f"{adopted} agents adopted",
         "back": None,
         "next_update": first,
+        "new_version": new,
         "redone": report["redone_updates"],
         "steps": report["steps"],
     }
@@ -150,14 +155,15 @@ def head_one(gyre, ckdir, wait, every):
 def main():
     gyre = sys.argv[1]
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    print("| killed | run | role at loss | node back after (s) | next update after (s) | updates redone | steps |")
-    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as ckdir:
         victims = [("11", "cell 1"), ("5", "pool"), ("10", "cell 0 (core)")]
         every = 2
         if sys.argv[3:4] == ["head"]:
             victims = []
             every = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+        else:
+            print("| killed | run | role at loss | node back after (s) | next update after (s) | updates redone | steps |")
+            print("|---|---|---|---|---|---|---|")
         for victim, what in victims:
             backs, nexts = [], []
             for r in range(runs):
@@ -172,17 +178,27 @@ def main():
             if ok and nx:
                 print(f"| {what} | median | | {statistics.median(ok):.3f} | "
                       f"{statistics.median(nx):.3f} | | |")
+        # The head's rows: "next update" is the resumed run's first
+        # (perhaps a version made again), "new version" its first past
+        # what the lost head had published.
+        print()
+        print("| killed | run | resumed | next update after (s) | new version after (s) | updates redone | steps |")
+        print("|---|---|---|---|---|---|---|")
         for wait, what in [("0", "head, agents exit"), ("60", "head, agents adopted")][::-1]:
-            nexts = []
+            nexts, news, redone = [], [], []
             for r in range(runs):
                 o = head_one(gyre, ckdir, wait, every)
                 nexts.append(o["next_update"])
+                news.append(o["new_version"])
+                redone.append(o["redone"])
                 fmt = lambda x: "-" if x is None else f"{x:.3f}"
-                print(f"| {what} | {r + 1} | {o['role']} | - | {fmt(o['next_update'])} | "
-                      f"{o['redone']} | {o['steps']} |")
+                print(f"| {what} | {r + 1} | {o['role']} | {fmt(o['next_update'])} | "
+                      f"{fmt(o['new_version'])} | {o['redone']} | {o['steps']} |")
             nx = [n for n in nexts if n is not None]
-            if nx:
-                print(f"| {what} | median | | | {statistics.median(nx):.3f} | | |")
+            nw = [n for n in news if n is not None]
+            if nx and nw:
+                print(f"| {what} | median | | {statistics.median(nx):.3f} | "
+                      f"{statistics.median(nw):.3f} | {statistics.median(redone)} | |")
 
 
 if __name__ == "__main__":

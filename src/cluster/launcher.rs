@@ -150,6 +150,8 @@ pub struct Launcher {
     /// the adoption window closes.
     expected: BTreeMap<NodeId, u32>,
     adopt_for: std::time::Duration,
+    /// When the adoption window closes (the host's clock, ns).
+    adopt_until: u64,
     /// Nodes this launcher launched or adopted.
     placed: BTreeSet<NodeId>,
     /// Each node's agent as it last joined (process, transfer address,
@@ -175,6 +177,7 @@ impl Launcher {
             incarnation: 0,
             expected: BTreeMap::new(),
             adopt_for: std::time::Duration::ZERO,
+            adopt_until: 0,
             placed: BTreeSet::new(),
             joined: BTreeMap::new(),
         }
@@ -275,6 +278,10 @@ impl Launcher {
     }
 }
 
+/// How often the launcher looks, inside the adoption window, whether an
+/// awaited agent's process ended.
+const ADOPT_POLL_NS: u64 = 100_000_000;
+
 impl Actor for Launcher {
     type Msg = LauncherMsg;
     type Timer = ();
@@ -295,15 +302,43 @@ impl Actor for Launcher {
                 window_s = self.adopt_for.as_secs_f64(),
                 "waiting for the node agents an earlier head left running"
             );
-            cx.set_timer(
-                (),
-                u64::try_from(self.adopt_for.as_nanos()).unwrap_or(u64::MAX),
-            );
+            let window = u64::try_from(self.adopt_for.as_nanos()).unwrap_or(u64::MAX);
+            self.adopt_until = cx.now().saturating_add(window);
+            cx.set_timer((), window.min(ADOPT_POLL_NS));
         }
     }
 
+    /// Inside the adoption window: a node whose awaited process ended (an
+    /// agent that exits with its head, or one that crashed) is launched at
+    /// once rather than when the window closes.
     fn on_timer(&mut self, _timer: (), cx: &mut Cx<'_, Self>) {
-        self.close_adoption(cx);
+        if self.expected.is_empty() {
+            return;
+        }
+        let now = cx.now();
+        if now >= self.adopt_until {
+            self.close_adoption(cx);
+            return;
+        }
+        let ended: Vec<NodeId> = self
+            .expected
+            .iter()
+            .filter(|(_, pid)| !super::placement::process_runs(**pid))
+            .map(|(node, _)| *node)
+            .collect();
+        for node in ended {
+            self.expected.remove(&node);
+            if !self.placed.contains(&node) {
+                tracing::info!(
+                    node = node.0,
+                    "the node agent an earlier head left ended before it came back: launching"
+                );
+                self.launch(node, cx);
+            }
+        }
+        if !self.expected.is_empty() {
+            cx.set_timer((), (self.adopt_until - now).min(ADOPT_POLL_NS));
+        }
     }
 
     fn on_msg(&mut self, _from: ActorId, msg: LauncherMsg, cx: &mut Cx<'_, Self>) {
@@ -634,6 +669,47 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
 
+        node.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_awaited_agent_that_ends_in_the_adoption_window_is_launched_at_once() {
+        // Agents that exit with their head (`--agent-wait-s 0`) may still
+        // be on their way out when the resumed head starts: waiting out
+        // the whole window for them cost a resume 10 s.
+        let node = LiveNode::start(LiveConfig::local(NodeId(0), 1))
+            .await
+            .unwrap();
+        let (probe, mut rx) = node.probe::<ClusterEvent>(16);
+        let placement = Arc::new(Scripted::default());
+        let mut exiting = std::process::Command::new("sleep")
+            .arg("0.3")
+            .spawn()
+            .unwrap();
+        let spec = NodeSpec {
+            node: NodeId(10),
+            roles: vec![Role::Cell(0)],
+        };
+        let _launcher = node.spawn(Launcher::new(placement, vec![spec], probe).adopting(
+            1,
+            BTreeMap::from([(NodeId(10), exiting.id())]),
+            std::time::Duration::from_secs(60),
+        ));
+        let t0 = std::time::Instant::now();
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("launched before the window closed")
+            .unwrap()
+            .1;
+        assert!(
+            matches!(event, ClusterEvent::Started { node, .. } if node == NodeId(10)),
+            "{event:?}"
+        );
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_millis(250),
+            "launched while it ran"
+        );
+        exiting.wait().unwrap();
         node.shutdown().await;
     }
 }
