@@ -596,6 +596,19 @@ fn a_resumed_head_adopts_the_node_agents_its_lost_head_left_waiting() {
     );
     assert_eq!(report["redone_updates"], 0, "{report}");
     assert_eq!(report["resumed"]["lost_updates"], 0, "{report}");
+    // The scheduler's counters continue the lost head's: the executions
+    // it finished by the version resumed from are kept.
+    let kept = report["resumed"]["counters_from"]["finished"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("counters_from: {report}"));
+    assert!(kept > 0, "{report}");
+    let counter = |k: &str| report["counters"][k].as_u64().unwrap();
+    assert!(
+        counter("dispatched") >= counter("started")
+            && counter("started") >= counter("finished")
+            && counter("finished") > kept,
+        "{report}"
+    );
     let mut pids: Vec<u64> = report["processes"]
         .as_array()
         .unwrap()

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gyre_actors::sched::ConfigError;
+use gyre_actors::sched::scheduler::Publication;
 use gyre_gpu::trainer::checkpoint::CoreCheckpoint;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -104,6 +105,10 @@ pub enum Line {
         step: u64,
         groups: Vec<u64>,
     },
+    /// A publication as the scheduler made it: its counters d, p, f over
+    /// the whole run ([`continued`]) and whether the core stayed in
+    /// training (a cluster head's).
+    Published(Publication),
 }
 
 /// What an earlier head journaled, as a resumed head starts from.
@@ -122,6 +127,52 @@ pub struct Resumed {
     /// (incarnation, group) of every group a step the checkpoint holds
     /// trained (the last sealing of each step counts).
     pub trained: BTreeSet<(u64, u64)>,
+    /// The publication of the checkpoint's version (or the newest before
+    /// it), as journaled.
+    pub counters: Option<Publication>,
+}
+
+/// The scheduler's counters over a whole run, across its heads.
+///
+/// A resumed head's scheduler starts a burst at the version resumed from
+/// with counters at zero: its rules read differences (d − p queued, p − f
+/// running, w = d − f), and its boundary dispatch of (φ+μ)·N·B puts the
+/// outstanding groups where the lost head had them right after publishing
+/// that version (the ones it had not trained are among them, adopted or
+/// afresh). The run's counters continue the lost head's: every execution
+/// it finished by that publication is kept (in d, p and f alike), and the
+/// ones it had not finished count again as they are dispatched again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RunCounters {
+    pub dispatched: u64,
+    pub started: u64,
+    pub finished: u64,
+    /// The last publication's burst-end decision.
+    pub core_training: bool,
+}
+
+/// `now` (a resumed head's scheduler's publication) over the whole run:
+/// after `base`, the journaled publication it resumed from (whole-run
+/// counters themselves).
+pub fn continued(base: Option<&Publication>, now: Publication) -> Publication {
+    let kept = base.map_or(0, |b| b.finished);
+    Publication {
+        dispatched: kept + now.dispatched,
+        started: kept + now.started,
+        finished: kept + now.finished,
+        ..now
+    }
+}
+
+impl From<Publication> for RunCounters {
+    fn from(p: Publication) -> Self {
+        Self {
+            dispatched: p.dispatched,
+            started: p.started,
+            finished: p.finished,
+            core_training: p.core_stays,
+        }
+    }
 }
 
 impl Resumed {
@@ -189,6 +240,11 @@ pub struct ResumeReport {
     /// this run resumed from it (a cluster run's; see
     /// [`super::last_word`]).
     pub core_last_word: Option<LastWordReport>,
+    /// The scheduler's state at the version resumed from, as the lost
+    /// head journaled it: its counters and whether the core stayed in
+    /// training (this run's scheduler starts a burst there, every cell in
+    /// rollout, and the watermark rules move them again).
+    pub counters_from: Option<RunCounters>,
 }
 
 /// A run's journal as opened for it: none without checkpoints; with
@@ -298,6 +354,7 @@ pub fn open_with(
         adopted: AdoptionReport::default(),
         agents_adopted: 0,
         core_last_word: word.map(|w| w.report),
+        counters_from: resumed.counters.map(RunCounters::from),
     };
     Ok(Opened {
         journal: Some(journal),
@@ -576,6 +633,7 @@ impl RunJournal {
         let mut resumed = Resumed::default();
         let mut history: Vec<UpdateSummary> = Vec::new();
         let mut sealed: BTreeMap<u64, (u64, &[u64])> = BTreeMap::new();
+        let mut published: Vec<Publication> = Vec::new();
         for line in &lines[1..] {
             match line {
                 Line::Update(u) => {
@@ -609,8 +667,16 @@ impl RunJournal {
                 } => {
                     sealed.insert(*step, (*incarnation, groups));
                 }
+                Line::Published(p) => {
+                    published.retain(|x| x.version < p.version);
+                    published.push(*p);
+                }
             }
         }
+        // The checkpoint's publication, or, if the lost head died before
+        // the scheduler's word of it reached the journal, the newest
+        // before it (the executions finished by then are kept).
+        resumed.counters = published.into_iter().rev().find(|p| p.version <= version);
         // Step s makes version s + 1.
         resumed.trained = sealed
             .range(..version)
@@ -733,6 +799,60 @@ mod tests {
         let (_, r) = RunJournal::resume(&d, "abc", 10, 6).unwrap();
         assert_eq!(r.updates.len(), 6);
         assert_eq!((r.lost_updates, r.resumes), (1, 1));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_counters_continue_from_the_publication_resumed_from() {
+        let d = dir("counters");
+        let published = |version, d, p, f| Publication {
+            step: version - 1,
+            version,
+            dispatched: d,
+            started: p,
+            finished: f,
+            core_stays: version % 2 == 0,
+        };
+        let mut j = RunJournal::create(&d, "abc", 10).unwrap();
+        for v in 1..=5 {
+            j.append(&Line::Update(update(v))).unwrap();
+            j.append(&Line::Published(published(
+                v,
+                16 + 8 * v,
+                12 + 8 * v,
+                8 * v,
+            )))
+            .unwrap();
+        }
+        drop(j);
+        let (mut j, r) = RunJournal::resume(&d, "abc", 10, 4).unwrap();
+        assert_eq!(r.counters, Some(published(4, 48, 44, 32)));
+        // The resumed head's scheduler counts from zero; the run's counters
+        // keep the 32 executions finished by version 4, and the resumed
+        // head journals them over the whole run.
+        let now = published(5, 24, 20, 6);
+        let whole = continued(r.counters.as_ref(), now);
+        assert_eq!(
+            (whole.dispatched, whole.started, whole.finished),
+            (56, 52, 38)
+        );
+        assert_eq!(
+            RunCounters::from(whole),
+            RunCounters {
+                dispatched: 56,
+                started: 52,
+                finished: 38,
+                core_training: false,
+            }
+        );
+        // Version 5 made again replaces the first head's; a resume from 6,
+        // whose publication never reached the journal, starts from 5's.
+        j.append(&Line::Update(update(5))).unwrap();
+        j.append(&Line::Published(whole)).unwrap();
+        j.append(&Line::Update(update(6))).unwrap();
+        drop(j);
+        let (_, r) = RunJournal::resume(&d, "abc", 10, 6).unwrap();
+        assert_eq!(r.counters, Some(whole));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -35,7 +35,7 @@ use gyre_actors::sched::ConfigError;
 use gyre_actors::sched::core::SealedBatch;
 use gyre_actors::sched::plan::BackendFactory;
 use gyre_actors::sched::proto::engine::EngineReq;
-use gyre_actors::sched::scheduler::{Backends, Scheduler};
+use gyre_actors::sched::scheduler::{Backends, Publication, Scheduler};
 use gyre_rdma::ClusterSecret;
 use gyre_runtime::live::{LinkSecret, LiveConfig, LiveNode};
 use gyre_runtime::{ActorId, Addr, External, NodeId, Recipient};
@@ -57,7 +57,7 @@ use crate::embedded::external::side::{self, GatewayCounters, GatewaySide, Incarn
 use crate::embedded::last_word::{self, LostHead, Taken};
 use crate::embedded::live::LiveReport;
 use crate::embedded::run_journal::{
-    self, JournalError, Line, Opened, Resumed, RewardsSeen, RunJournal,
+    self, JournalError, Line, Opened, Resumed, RewardsSeen, RunCounters, RunJournal,
 };
 use crate::embedded::task::{TaskStats, Workspaces};
 use crate::embedded::trainer::UpdateSummary;
@@ -216,6 +216,9 @@ pub struct ClusterReport {
     /// (reported as `resumed.agents_adopted`).
     #[serde(skip)]
     pub agents_adopted: u64,
+    /// The scheduler's counters at the last publication, over the whole
+    /// run (a resumed run's continue the lost head's: [`RunCounters`]).
+    pub counters: Option<RunCounters>,
 }
 
 /// Runs `cfg` across processes as `opts` places them.
@@ -278,7 +281,13 @@ struct Head {
     agents_adopted: u64,
     /// 0 for the run's first head, n for its n-th resume.
     incarnation: u64,
+    /// The scheduler's last publication.
+    last_publication: Option<Publication>,
 }
+
+/// How long the head waits, after the last update, for the scheduler's
+/// last publication.
+const LAST_PUBLICATION_WAIT: Duration = Duration::from_secs(5);
 
 impl Head {
     fn label(&self, node: NodeId) -> String {
@@ -784,6 +793,7 @@ impl HeadRun<'_> {
             state: state.cloned(),
             agents_adopted: 0,
             incarnation,
+            last_publication: None,
         };
         let (tap, mut side) = match gateway {
             Some((tap, side)) => (Some(tap), Some(side)),
@@ -812,6 +822,7 @@ impl HeadRun<'_> {
                 stats,
                 rewards: RewardsSeen::default(),
                 incarnation: resumed.map_or(0, |r| r.resumes + 1),
+                base: resumed.and_then(|r| r.counters),
             },
             progress,
         )
@@ -846,6 +857,7 @@ impl HeadRun<'_> {
             redone_updates: head.redone,
             gateway: None,
             agents_adopted: head.agents_adopted,
+            counters: head.last_publication.map(RunCounters::from),
         })
     }
 }
@@ -860,9 +872,20 @@ struct Journaled<'a> {
     rewards: RewardsSeen,
     /// 0 for the run's first head, n for its n-th resume.
     incarnation: u64,
+    /// The publication resumed from, as journaled (whole-run counters).
+    base: Option<Publication>,
 }
 
 impl Journaled<'_> {
+    /// Journals `p` with the run's counters; returns them.
+    fn publication(&mut self, p: Publication) -> Result<Publication, JournalError> {
+        let p = run_journal::continued(self.base.as_ref(), p);
+        if let Some(j) = self.journal.as_deref_mut() {
+            j.append(&Line::Published(p))?;
+        }
+        Ok(p)
+    }
+
     fn seal(&mut self, sealed: SealedBatch) -> Result<(), JournalError> {
         let Some(j) = self.journal.as_deref_mut() else {
             return Ok(());
@@ -995,8 +1018,14 @@ async fn drive<T: TaskBackends>(
     // The groups each batch is sealed from, journaled: a head resumed
     // from a checkpoint knows which groups it holds trained.
     let (sealed_addr, mut sealed_rx) = live.probe::<SealedBatch>(1024);
-    let sched =
-        live.spawn(Scheduler::new(sched, ports)?.with_sealed_observer(Recipient::of(sealed_addr)));
+    // And each publication: the counters and the core's role at each
+    // version, for a head resumed from it.
+    let (publications_addr, mut publications_rx) = live.probe::<Publication>(1024);
+    let sched = live.spawn(
+        Scheduler::new(sched, ports)?
+            .with_sealed_observer(Recipient::of(sealed_addr))
+            .with_publication_observer(Recipient::of(publications_addr)),
+    );
     head.running = Some(Instant::now());
     let mut run = rejoin::Running {
         config: config_text.to_string(),
@@ -1018,6 +1047,9 @@ async fn drive<T: TaskBackends>(
         tokio::select! {
             Some((_, sealed)) = sealed_rx.recv() => {
                 journaled.seal(sealed)?;
+            }
+            Some((_, p)) = publications_rx.recv() => {
+                head.last_publication = Some(journaled.publication(p)?);
             }
             u = tokio::time::timeout(opts.stall, updates_rx.recv()) => match u {
                 Ok(Some((_, u))) => {
@@ -1059,6 +1091,18 @@ async fn drive<T: TaskBackends>(
             }
         }
         head.flush_rejoins(&run).await?;
+    }
+
+    // The scheduler tells the last publication after the core's update
+    // arrived: its counters end the report.
+    let deadline = Instant::now() + LAST_PUBLICATION_WAIT;
+    while head.last_publication.is_none_or(|p| p.version < target) {
+        match tokio::time::timeout_at(deadline.into(), publications_rx.recv()).await {
+            Ok(Some((_, p))) => {
+                head.last_publication = Some(journaled.publication(p)?);
+            }
+            _ => break,
+        }
     }
 
     // The last update is published; its checkpoint, where one is due,

@@ -10,7 +10,7 @@
 
 use gyre_runtime::Cx;
 
-use super::{BurstRecord, SchedTimer, Scheduler};
+use super::{BurstRecord, Publication, SchedTimer, Scheduler};
 use crate::sched::Policy;
 use crate::sched::cell::CellMsg;
 use crate::sched::core::CoreMsg;
@@ -47,6 +47,7 @@ impl Scheduler {
             }
             cx.send(peers.core, CoreMsg::Leave);
             self.publish_to_rollout(version, cx);
+            self.tell_publication(step, version, false, cx);
             return;
         }
         let n = self.dispatcher.at_step();
@@ -89,8 +90,31 @@ impl Scheduler {
         }
         self.supply.reset(cx.now());
         self.publish_to_rollout(version, cx);
+        self.tell_publication(step, version, stays, cx);
         self.launch(cx);
         self.try_transition(cx);
+    }
+
+    fn tell_publication(
+        &self,
+        step: Step,
+        version: Version,
+        core_stays: bool,
+        cx: &mut Cx<'_, Self>,
+    ) {
+        if let Some(observer) = self.publications {
+            cx.send(
+                observer,
+                Publication {
+                    step,
+                    version,
+                    dispatched: self.counters.dispatched(),
+                    started: self.counters.started(),
+                    finished: self.counters.finished(),
+                    core_stays,
+                },
+            );
+        }
     }
 
     /// The new weights reach every engine that is serving or about to

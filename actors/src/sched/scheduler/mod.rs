@@ -125,6 +125,21 @@ pub struct BurstRecord {
     pub watermark: u64,
 }
 
+/// A publication as the scheduler made it (SPEC 2.2, 2.4), told to an
+/// observer: a cluster's head journals it, so that the counters and the
+/// core's role at each version outlive the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Publication {
+    pub step: Step,
+    pub version: Version,
+    /// d, p and f once the publication's dispatch is made.
+    pub dispatched: u64,
+    pub started: u64,
+    pub finished: u64,
+    /// The burst-end decision: the core stays in training.
+    pub core_stays: bool,
+}
+
 /// One lost node (see [`loss`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LossRecord {
@@ -198,6 +213,8 @@ pub struct Scheduler {
     lent: Vec<EngineIx>,
     /// Told the groups of each sealed batch (the packer's observer).
     sealed: Option<Recipient<SealedBatch>>,
+    /// Told each publication.
+    publications: Option<Recipient<Publication>>,
 }
 
 impl Scheduler {
@@ -256,6 +273,7 @@ impl Scheduler {
             held: None,
             lent: Vec::new(),
             sealed: None,
+            publications: None,
             peers: None,
             reject_retry: RejectRetry::default(),
             cfg,
@@ -268,6 +286,12 @@ impl Scheduler {
     /// cluster's head journals them: [`SealedBatch`]).
     pub fn with_sealed_observer(mut self, observer: Recipient<SealedBatch>) -> Self {
         self.sealed = Some(observer);
+        self
+    }
+
+    /// Tells `observer` every publication ([`Publication`]).
+    pub fn with_publication_observer(mut self, observer: Recipient<Publication>) -> Self {
+        self.publications = Some(observer);
         self
     }
 
