@@ -309,6 +309,19 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 m.gradients,
                 m.rows
             );
+            if let Some(c) = &report.counters {
+                println!(
+                    "executions over the run at the last publication: {} dispatched, {} started, {} finished; the core {}",
+                    c.dispatched,
+                    c.started,
+                    c.finished,
+                    if c.core_training {
+                        "stayed in training"
+                    } else {
+                        "returned to rollout"
+                    }
+                );
+            }
             if let Some(job) = &job {
                 print_job(job);
             }
@@ -718,6 +731,29 @@ fn print_resumed(r: Option<&ResumeReport>) {
             println!(
                 "killed {} harness processes the lost head left running",
                 r.harnesses_killed
+            );
+        }
+        if let Some(w) = &r.core_last_word {
+            match &w.why {
+                None => println!(
+                    "the core's last word (version {}) taken: nothing made again{}",
+                    w.version,
+                    if w.journaled > 0 {
+                        format!(", {} updates it carried journaled", w.journaled)
+                    } else {
+                        String::new()
+                    }
+                ),
+                Some(why) => println!(
+                    "the core's last word (version {}) not taken: {why}",
+                    w.version
+                ),
+            }
+        }
+        if r.agents_adopted > 0 {
+            println!(
+                "adopted {} node agents the lost head left waiting",
+                r.agents_adopted
             );
         }
     }
