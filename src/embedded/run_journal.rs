@@ -518,6 +518,9 @@ fn lost_head(dir: &Path, digest: &str) -> Result<Option<LostHead>, JournalError>
                 };
             }
             Line::Update(u) => {
+                // A core restored mid-run makes versions again: the ones
+                // past it were rolled back.
+                lost.updates.retain(|v| *v < u.version);
                 lost.updates.insert(u.version);
             }
             Line::Sealed {
@@ -799,6 +802,35 @@ mod tests {
         let (_, r) = RunJournal::resume(&d, "abc", 10, 6).unwrap();
         assert_eq!(r.updates.len(), 6);
         assert_eq!((r.lost_updates, r.resumes), (1, 1));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_lost_heads_updates_are_those_its_core_still_holds() {
+        let d = dir("lost-head");
+        let mut j = RunJournal::create(&d, "abc", 10).unwrap();
+        for v in 1..=3 {
+            j.append(&Line::Update(update(v))).unwrap();
+        }
+        drop(j);
+        let (mut j, _) = RunJournal::resume(&d, "abc", 10, 2).unwrap();
+        // The second head: 3..=7, its core restored to 4 mid-run, then 5
+        // and 6 made again before the head was lost.
+        for v in (3..=7).chain(5..=6) {
+            j.append(&Line::Sealed {
+                incarnation: 1,
+                step: v - 1,
+                groups: vec![v],
+            })
+            .unwrap();
+            j.append(&Line::Update(update(v))).unwrap();
+        }
+        drop(j);
+        let lost = lost_head(&d, "abc").unwrap().unwrap();
+        assert_eq!((lost.incarnation, lost.started), (1, 2));
+        assert_eq!(lost.updates, (3..=6).collect());
+        assert_eq!(lost.sealed, (2..=6).collect());
+        assert_eq!(lost_head(&d, "another").unwrap(), None);
         let _ = std::fs::remove_dir_all(&d);
     }
 
