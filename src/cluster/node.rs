@@ -8,7 +8,8 @@
 //! same [`EmbeddedBackends`] factory the one-process runs use, over the
 //! [`plane`](super::plane) instead of shared boards) and report their ports,
 //! report the bytes it moved, stop. A small watchdog actor watches the head:
-//! an agent whose head is gone drops everything it built and, if told to
+//! an agent whose head is gone (the core's first leaves the core's state on
+//! disk, its last word) drops everything it built and, if told to
 //! wait for a new head (`--head-wait-s`, given by a head whose run can be
 //! resumed), joins again the head that comes back at the same address with
 //! the same secret (`gyre train --cluster … --resume`); otherwise, or if no
