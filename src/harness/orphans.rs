@@ -117,6 +117,30 @@ fn scan_one(pid: Pid) -> Option<Vec<String>> {
     )
 }
 
+/// How many scans a reap makes at most, and the pause after each.
+const REAP_ROUNDS: usize = 3;
+const REAP_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// SIGKILL to each of `procs`, as a group for those that lead one (but
+/// the caller's own group).
+fn kill_with_groups(procs: &[Pid]) {
+    let ours = getpgrp();
+    let mut groups = BTreeSet::new();
+    for &pid in procs {
+        match getpgid(Some(pid)) {
+            Ok(g) if g == pid && g != ours => {
+                groups.insert(g.as_raw());
+            }
+            _ => {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        }
+    }
+    for g in groups {
+        let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+    }
+}
+
 /// The process-group leaders of `run`'s harnesses, by execution: the
 /// process a launcher started (each harness leads a group of its own).
 pub fn leaders(run: &str) -> std::collections::BTreeMap<String, Pid> {
@@ -142,26 +166,25 @@ pub fn reap_except(run: &str, keep: &BTreeSet<String>) -> usize {
 
 /// [`reap_except`], returning the processes it found (and killed).
 fn reap_pids(run: &str, keep: &BTreeSet<String>) -> Vec<Pid> {
-    let procs: Vec<Pid> = scan(run)
-        .into_iter()
-        .filter(|p| p.execution.as_ref().is_none_or(|e| !keep.contains(e)))
-        .map(|p| p.pid)
-        .collect();
-    let ours = getpgrp();
-    let mut groups = BTreeSet::new();
-    for &pid in &procs {
-        match getpgid(Some(pid)) {
-            Ok(g) if g == pid && g != ours => {
-                groups.insert(g.as_raw());
-            }
-            _ => {
-                let _ = kill(pid, Signal::SIGKILL);
-            }
+    let mut killed: BTreeSet<Pid> = BTreeSet::new();
+    // Scanned again until a scan finds nothing new: a process in the
+    // middle of an exec shows an empty environment for a moment, and one
+    // may fork while the others are killed.
+    for round in 0..REAP_ROUNDS {
+        let procs: Vec<Pid> = scan(run)
+            .into_iter()
+            .filter(|p| p.execution.as_ref().is_none_or(|e| !keep.contains(e)))
+            .map(|p| p.pid)
+            .filter(|p| !killed.contains(p))
+            .collect();
+        if procs.is_empty() && round > 0 {
+            break;
         }
+        kill_with_groups(&procs);
+        killed.extend(procs);
+        std::thread::sleep(REAP_PAUSE);
     }
-    for g in groups {
-        let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
-    }
+    let procs: Vec<Pid> = killed.into_iter().collect();
     if !procs.is_empty() {
         tracing::warn!(
             run,
