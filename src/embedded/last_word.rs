@@ -199,17 +199,20 @@ pub fn take(
 ) -> Result<Option<Taken>, String> {
     let path = dir.join(WORD);
     let deadline = Instant::now() + wait;
+    // `Err`: a word that does not parse (it is written atomically, so
+    // only damage on disk makes one): refused, not fatal to the resume.
     let word = loop {
         let read = match std::fs::read(&path) {
             Ok(bytes) => Some(
                 serde_json::from_slice::<Word>(&bytes)
-                    .map_err(|e| format!("{}: {e}", path.display()))?,
+                    .map_err(|e| format!("{} does not parse: {e}", path.display())),
             ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
         match read {
-            Some(w) if w.incarnation == lost.incarnation => break Some(w),
+            Some(Ok(w)) if w.incarnation == lost.incarnation => break Some(Ok(w)),
+            Some(Err(why)) => break Some(Err(why)),
             _ if Instant::now() < deadline && alive() => {
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -233,15 +236,39 @@ pub fn take(
             _ => Ok(()),
         }
     };
-    let Some(word) = word else {
-        // A stale word (an earlier lineage's) must not outlive this resume.
-        if path.exists() {
+    let word = match word {
+        Some(Ok(word)) => word,
+        Some(Err(why)) => {
             consumed(false)?;
+            return Ok(Some(Taken {
+                report: LastWordReport {
+                    version: 0,
+                    taken: false,
+                    journaled: 0,
+                    why: Some(why),
+                },
+                journal: Vec::new(),
+            }));
         }
-        return Ok(None);
+        None => {
+            // A stale word (an earlier lineage's) must not outlive this
+            // resume.
+            if path.exists() {
+                consumed(false)?;
+            }
+            return Ok(None);
+        }
     };
     let durable = CoreCheckpoint::peek_version(&dir.join("core.ckpt")).unwrap_or(0);
-    let judged = judge(&word, lost, durable);
+    // The word's checkpoint replaces `core.ckpt` only once it is known
+    // whole (its digest) and of the word's version: a bad one must not
+    // cost the good periodic checkpoint.
+    let judged = judge(&word, lost, durable).and_then(|journal| {
+        if word.saved {
+            verify(&dir.join(CKPT), word.version)?;
+        }
+        Ok(journal)
+    });
     consumed(judged.is_ok() && word.saved)?;
     let report = |taken: bool, journaled: u64, why: Option<String>| LastWordReport {
         version: word.version,
@@ -259,6 +286,20 @@ pub fn take(
             journal: Vec::new(),
         },
     }))
+}
+
+/// Whether the checkpoint at `path` loads (whole, by its digest) and
+/// holds `version`.
+fn verify(path: &Path, version: u64) -> Result<(), String> {
+    let c = CoreCheckpoint::load(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if c.version != version {
+        return Err(format!(
+            "{} holds version {}, the word says {version}",
+            path.display(),
+            c.version
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `word` can be resumed from, with `core.ckpt` at `durable`: the
@@ -363,22 +404,31 @@ mod tests {
         assert!(why.contains("sealing of step 5"), "{why}");
     }
 
+    fn checkpoint(v: u64) -> CoreCheckpoint {
+        CoreCheckpoint {
+            fingerprint: 1,
+            step: v.saturating_sub(1),
+            version: v,
+            adam_t: v,
+            params: vec![0.0; 4],
+            moments: vec![0.0; 8],
+        }
+    }
+
+    /// A directory with `word`, its checkpoint (of the word's version) and
+    /// `core.ckpt` of `ckpt_version`.
     fn dir_with(word: &Word, ckpt_version: Option<u64>) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join(WORD), serde_json::to_vec(word).unwrap()).unwrap();
-        std::fs::write(d.path().join(CKPT), b"the word's checkpoint").unwrap();
+        checkpoint(word.version).save(&d.path().join(CKPT)).unwrap();
         if let Some(v) = ckpt_version {
-            let c = CoreCheckpoint {
-                fingerprint: 1,
-                step: v.saturating_sub(1),
-                version: v,
-                adam_t: v,
-                params: vec![0.0; 4],
-                moments: vec![0.0; 8],
-            };
-            c.save(&d.path().join("core.ckpt")).unwrap();
+            checkpoint(v).save(&d.path().join("core.ckpt")).unwrap();
         }
         d
+    }
+
+    fn durable(d: &tempfile::TempDir) -> u64 {
+        CoreCheckpoint::peek_version(&d.path().join("core.ckpt")).unwrap()
     }
 
     #[test]
@@ -389,10 +439,7 @@ mod tests {
             .unwrap();
         assert!(taken.report.taken, "{taken:?}");
         assert_eq!(taken.journal, vec![update(7), update(8)]);
-        assert_eq!(
-            std::fs::read(d.path().join("core.ckpt")).unwrap(),
-            b"the word's checkpoint"
-        );
+        assert_eq!(durable(&d), 8);
         assert!(!d.path().join(WORD).exists() && !d.path().join(CKPT).exists());
         // Consumed: a second resume finds no word.
         assert_eq!(
@@ -447,7 +494,7 @@ mod tests {
         let path = d.path().to_owned();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
-            std::fs::write(path.join(CKPT), b"late").unwrap();
+            checkpoint(6).save(&path.join(CKPT)).unwrap();
             let w = serde_json::to_vec(&word(6, &[])).unwrap();
             std::fs::write(path.join(WORD), w).unwrap();
         });
@@ -456,7 +503,46 @@ mod tests {
             .unwrap();
         writer.join().unwrap();
         assert!(taken.report.taken, "{taken:?}");
-        assert_eq!(std::fs::read(d.path().join("core.ckpt")).unwrap(), b"late");
+        assert_eq!(durable(&d), 6);
+    }
+
+    #[test]
+    fn a_damaged_word_or_checkpoint_is_refused_and_core_ckpt_kept() {
+        // A word that does not parse: refused naming the file, the resume
+        // goes on from core.ckpt.
+        let d = dir_with(&word(8, &[7, 8]), Some(4));
+        std::fs::write(d.path().join(WORD), b"{\"incarnation\": 1, \"vers").unwrap();
+        let taken = take(d.path(), &lost(2, 6), Duration::ZERO, &|| false)
+            .unwrap()
+            .unwrap();
+        assert!(!taken.report.taken);
+        let why = taken.report.why.unwrap();
+        assert!(
+            why.contains(WORD) && why.contains("does not parse"),
+            "{why}"
+        );
+        assert_eq!(durable(&d), 4);
+        assert!(!d.path().join(WORD).exists() && !d.path().join(CKPT).exists());
+        // A checkpoint cut short, or of another version: refused, and
+        // core.ckpt is not replaced by it.
+        for bad in ["cut", "other version"] {
+            let d = dir_with(&word(8, &[7, 8]), Some(4));
+            let ckpt = d.path().join(CKPT);
+            if bad == "cut" {
+                let bytes = std::fs::read(&ckpt).unwrap();
+                std::fs::write(&ckpt, &bytes[..bytes.len() - 3]).unwrap();
+            } else {
+                checkpoint(7).save(&ckpt).unwrap();
+            }
+            let taken = take(d.path(), &lost(2, 6), Duration::ZERO, &|| false)
+                .unwrap()
+                .unwrap();
+            assert!(!taken.report.taken, "{bad}: {taken:?}");
+            assert!(taken.journal.is_empty());
+            let why = taken.report.why.unwrap();
+            assert!(why.contains(CKPT), "{bad}: {why}");
+            assert_eq!(durable(&d), 4, "{bad}");
+        }
     }
 
     #[test]
