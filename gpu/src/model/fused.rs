@@ -58,7 +58,7 @@ impl CustomOp1 for SoftmaxLast {
 /// (the matrix products' threads, so no second pool competes with them);
 /// smaller ones, a decode step's, stay on the calling thread. Each element
 /// is computed the same way on any thread.
-const PARALLEL_FROM: usize = 1 << 15;
+pub(super) const PARALLEL_FROM: usize = 1 << 15;
 
 fn map1(x: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     if x.len() < PARALLEL_FROM {
@@ -158,7 +158,7 @@ pub fn rms_norm(x: &Tensor, g: &Tensor, eps: f64) -> Result<Tensor, ModelError> 
 }
 
 /// 1 / sqrt(mean(x²) + ε) of one row.
-fn inv_rms(x: &[f32], eps: f64) -> f32 {
+pub(super) fn inv_rms(x: &[f32], eps: f64) -> f32 {
     let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     1.0 / (ms + eps as f32).sqrt()
 }
@@ -303,7 +303,7 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor, ModelError> {
 }
 
 /// (Φ(x), φ(x)): the standard normal's distribution and density.
-fn phi(x: f32) -> (f32, f32) {
+pub(super) fn phi(x: f32) -> (f32, f32) {
     const P: f32 = 0.327_591_1;
     const A: [f32; 5] = [
         0.254_829_6,
@@ -374,7 +374,7 @@ pub fn silu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor, ModelError> {
     Ok(g.contiguous()?.apply_op2(&u.contiguous()?, SiluMul)?)
 }
 
-fn sigmoid(x: f32) -> f32 {
+pub(super) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 

@@ -35,11 +35,11 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor, Mo
 
 /// The shape every pass checks once.
 #[derive(Clone, Copy)]
-struct Dims {
-    heads: usize,
-    kv_heads: usize,
-    t: usize,
-    hd: usize,
+pub(super) struct Dims {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub t: usize,
+    pub hd: usize,
 }
 
 impl Dims {
@@ -149,6 +149,25 @@ fn probabilities(d: Dims, q: &[f32], k: &[f32], qs: &mut [f32], p: &mut [f32]) {
     }
 }
 
+/// The attention of `q` [n, H, t, hd] over `k`, `v` [n, G, t, hd], all
+/// contiguous and of the sizes `d` gives.
+pub(super) fn forward(d: Dims, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+    let (t, hd, head) = (d.t, d.hd, d.head());
+    let rep = d.heads / d.kv_heads;
+    let mut out = vec![0f32; q.len()];
+    out.par_chunks_mut(head).enumerate().for_each_init(
+        || (vec![0f32; head], vec![0f32; t * t]),
+        |(scaled, p), (bh, o)| {
+            let (b, h) = (bh / d.heads, bh % d.heads);
+            let kv = (b * d.kv_heads + h / rep) * head;
+            let qh = &q[bh * head..(bh + 1) * head];
+            probabilities(d, qh, &k[kv..kv + head], scaled, p);
+            product((t, hd, t), o, false, p, (1, t), &v[kv..kv + head], (1, hd));
+        },
+    );
+    out
+}
+
 struct CausalAttention;
 
 impl CustomOp3 for CausalAttention {
@@ -171,19 +190,7 @@ impl CustomOp3 for CausalAttention {
             contiguous(ks, kl)?,
             contiguous(vs, vl)?,
         );
-        let (t, hd, head) = (d.t, d.hd, d.head());
-        let rep = d.heads / d.kv_heads;
-        let mut out = vec![0f32; q.len()];
-        out.par_chunks_mut(head).enumerate().for_each_init(
-            || (vec![0f32; head], vec![0f32; t * t]),
-            |(scaled, p), (bh, o)| {
-                let (b, h) = (bh / d.heads, bh % d.heads);
-                let kv = (b * d.kv_heads + h / rep) * head;
-                let qh = &q[bh * head..(bh + 1) * head];
-                probabilities(d, qh, &k[kv..kv + head], scaled, p);
-                product((t, hd, t), o, false, p, (1, t), &v[kv..kv + head], (1, hd));
-            },
-        );
+        let out = forward(d, q, k, v);
         Ok((CpuStorage::F32(out), ql.shape().clone()))
     }
 
@@ -230,7 +237,7 @@ fn cpu(s: &Storage) -> candle_core::Result<&CpuStorage> {
 /// dq, dk and dv. One task per row and key/value head: it owns that
 /// head's dk and dv and the dq of the query heads that read it, and sums
 /// their contributions to dk and dv in head order.
-fn gradients(
+pub(super) fn gradients(
     d: Dims,
     q: &[f32],
     k: &[f32],

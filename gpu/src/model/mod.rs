@@ -3,6 +3,7 @@
 //! [`Model`] trait: Gyre's own byte-level transformer and the Llama-family
 //! decoders (Llama, Qwen3) of Hugging Face checkpoints.
 //!
+//! - [`backprop`]: the trainer's hand-written forward and backward pass;
 //! - [`config`]: the shape, with the architecture-specific part in `Arch`;
 //! - [`params`]: the flat, versioned buffer every exchange copies;
 //! - [`weights`]: that buffer as tensors (plain or `Var`s), by architecture;
@@ -15,6 +16,7 @@
 //!   tokenizer, chat template);
 //! - [`vocab`]: the byte vocabulary of Gyre's model.
 
+pub mod backprop;
 pub mod config;
 pub mod decoder;
 pub mod forward;

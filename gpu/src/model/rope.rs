@@ -53,20 +53,28 @@ pub fn inverse_frequencies(a: &DecoderArch) -> Vec<f64> {
     }
 }
 
+/// cos and sin of the angles of positions `0..len`, [len, head_dim]
+/// each, row-major.
+pub fn angles(a: &DecoderArch, len: usize) -> (Vec<f32>, Vec<f32>) {
+    let inv = inverse_frequencies(a);
+    let d = a.head_dim;
+    let mut cos = Vec::with_capacity(len * d);
+    let mut sin = Vec::with_capacity(len * d);
+    for p in 0..len {
+        // Hugging Face computes the angles in f32; so does this.
+        let angles: Vec<f32> = inv.iter().map(|&f| p as f32 * f as f32).collect();
+        for _ in 0..2 {
+            cos.extend(angles.iter().map(|x| x.cos()));
+            sin.extend(angles.iter().map(|x| x.sin()));
+        }
+    }
+    (cos, sin)
+}
+
 impl RopeTables {
     pub fn new(a: &DecoderArch, context: usize) -> Result<Self, ModelError> {
-        let inv = inverse_frequencies(a);
+        let (cos, sin) = angles(a, context);
         let d = a.head_dim;
-        let mut cos = Vec::with_capacity(context * d);
-        let mut sin = Vec::with_capacity(context * d);
-        for p in 0..context {
-            // Hugging Face computes the angles in f32; so does this.
-            let angles: Vec<f32> = inv.iter().map(|&f| p as f32 * f as f32).collect();
-            for _ in 0..2 {
-                cos.extend(angles.iter().map(|x| x.cos()));
-                sin.extend(angles.iter().map(|x| x.sin()));
-            }
-        }
         Ok(RopeTables {
             cos: Tensor::from_vec(cos, (context, d), &Device::Cpu)?,
             sin: Tensor::from_vec(sin, (context, d), &Device::Cpu)?,

@@ -15,8 +15,6 @@ pub mod grads;
 pub mod objective;
 pub mod optim;
 
-use candle_core::{Device, Tensor, Var};
-
 pub use checkpoint::{CheckpointError, CoreCheckpoint};
 pub use data::{MicroStep, RowChunk, Target, TrainRow};
 pub use grads::GradBuffer;
@@ -25,9 +23,8 @@ pub use optim::{GradScale, OptimConfig, UpdateReport};
 
 use crate::error::ModelError;
 use crate::memory::{DeviceMemory, HostBackend, Keep, MemoryError, MemoryReport, Role, Tag};
-use crate::model::forward::{hidden_batch, log_softmax, logits};
-use crate::model::weights::add_grads;
-use crate::model::{ModelConfig, ParamBuffer, ParamLayout, Weights};
+use crate::model::backprop::{Batch, TrainPass};
+use crate::model::{ModelConfig, ParamBuffer, ParamLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainerError {
@@ -64,9 +61,9 @@ pub struct MicroReport {
     pub clipped_executions: usize,
 }
 
-/// A micro-step's targets, their log-probs (a tensor that tracks
-/// gradients; `None` without targets) and the parameters behind them.
-type Forwarded = (Vec<Target>, Option<Tensor>, Vec<Var>);
+/// A micro-step's targets and the forward pass that computed their
+/// log-probs (`None` without targets).
+type Forwarded = (Vec<Target>, Option<TrainPass>);
 
 struct Accumulated {
     micro_steps: u64,
@@ -79,8 +76,10 @@ pub struct Trainer {
     layout: ParamLayout,
     memory: DeviceMemory<HostBackend>,
     version: u64,
-    /// Tensors over the current parameters, rebuilt when they change.
-    vars: Option<(Weights, Vec<Var>)>,
+    /// The current parameters, copied out of the device-memory region
+    /// once per version: a backward pass reads them while it writes the
+    /// gradient region.
+    weights: Option<Vec<f32>>,
     optim: Option<(OptimConfig, u64)>,
     acc: Accumulated,
 }
@@ -110,7 +109,7 @@ impl Trainer {
             layout,
             memory,
             version: params.version,
-            vars: None,
+            weights: None,
             optim: None,
             acc: Accumulated {
                 micro_steps: 0,
@@ -163,7 +162,7 @@ impl Trainer {
         }
         self.memory.write(Tag::TrainParams, 0, &params.data)?;
         self.version = params.version;
-        self.vars = None;
+        self.weights = None;
         Ok(())
     }
 
@@ -171,25 +170,37 @@ impl Trainer {
         self.load_params(&ParamBuffer::decode(bytes)?)
     }
 
-    fn weights(&mut self) -> Result<(Weights, Vec<Var>), TrainerError> {
-        if self.vars.is_none() {
-            let params = self.params()?;
-            self.vars = Some(Weights::vars(&self.cfg, &params)?);
+    fn take_weights(&mut self) -> Result<Vec<f32>, TrainerError> {
+        match self.weights.take() {
+            Some(w) => Ok(w),
+            None => Ok(self.memory.read_all(Tag::TrainParams)?),
         }
-        self.vars.clone().ok_or(TrainerError::NotCore)
     }
 
-    /// Log-probs of the micro-step's targets under the current weights, as
-    /// a tensor that tracks gradients, with the targets.
+    /// Log-probs of the micro-step's targets under the current weights,
+    /// with the targets.
     fn target_logprobs(
         &mut self,
         rows: &[TrainRow],
         step: &MicroStep,
     ) -> Result<Forwarded, TrainerError> {
+        let w = self.take_weights()?;
+        let out = self.forward(&w, rows, step);
+        self.weights = Some(w);
+        out
+    }
+
+    /// The forward pass over a micro-step's chunks as right-padded rows,
+    /// keeping what its backward needs.
+    fn forward(
+        &self,
+        w: &[f32],
+        rows: &[TrainRow],
+        step: &MicroStep,
+    ) -> Result<Forwarded, TrainerError> {
         let targets = data::targets(rows, step, self.cfg.vocab, self.cfg.context)?;
-        let (w, vars) = self.weights()?;
         if targets.is_empty() {
-            return Ok((targets, None, vars));
+            return Ok((targets, None));
         }
         let n = step.chunks.len();
         let t = step
@@ -203,23 +214,21 @@ impl Trainer {
             let row = &rows[c.row as usize];
             ids[i * t..i * t + c.end as usize].copy_from_slice(&row.input_ids[..c.end as usize]);
         }
-        let d = self.cfg.width;
-        let hidden = hidden_batch(&w, &ids, n, t)?.reshape((n * t, d))?;
-        // The logits that predict token u sit at position u − 1.
-        let at: Vec<u32> = targets
+        // The hidden row that predicts token u sits at position u − 1.
+        let at: Vec<usize> = targets
             .iter()
-            .map(|x| (x.chunk * t + x.position - 1) as u32)
+            .map(|x| x.chunk * t + x.position - 1)
             .collect();
-        let k = at.len();
-        let at = Tensor::from_vec(at, k, &Device::Cpu)?;
-        let lsm = log_softmax(&logits(&w, &hidden.index_select(&at, 0)?)?)?;
-        let tok = Tensor::from_vec(
-            targets.iter().map(|x| x.token).collect::<Vec<_>>(),
-            (k, 1),
-            &Device::Cpu,
-        )?;
-        let logp = lsm.gather(&tok, 1)?.squeeze(1)?;
-        Ok((targets, Some(logp), vars))
+        let tokens: Vec<u32> = targets.iter().map(|x| x.token).collect();
+        let batch = Batch {
+            ids: &ids,
+            n,
+            t,
+            at: &at,
+            tokens: &tokens,
+        };
+        let pass = TrainPass::forward(&self.cfg, &self.layout, w, &batch)?;
+        Ok((targets, Some(pass)))
     }
 
     /// log π_θ(y_u | c_u) of every target by teacher forcing, in the
@@ -229,11 +238,8 @@ impl Trainer {
         rows: &[TrainRow],
         step: &MicroStep,
     ) -> Result<Vec<f32>, TrainerError> {
-        let (_, logp, _) = self.target_logprobs(rows, step)?;
-        Ok(match logp {
-            Some(l) => l.to_vec1::<f32>()?,
-            None => Vec::new(),
-        })
+        let (_, pass) = self.target_logprobs(rows, step)?;
+        Ok(pass.map(|p| p.logprobs().to_vec()).unwrap_or_default())
     }
 
     /// Forward only: this micro-step's share of the sequence-ratio sums.
@@ -242,11 +248,8 @@ impl Trainer {
         rows: &[TrainRow],
         step: &MicroStep,
     ) -> Result<SeqStats, TrainerError> {
-        let (targets, logp, _) = self.target_logprobs(rows, step)?;
-        let lp = match logp {
-            Some(l) => l.to_vec1::<f32>()?,
-            None => Vec::new(),
-        };
+        let (targets, pass) = self.target_logprobs(rows, step)?;
+        let lp = pass.map(|p| p.logprobs().to_vec()).unwrap_or_default();
         SeqStats::from_targets(&targets, &lp)
     }
 
@@ -261,45 +264,60 @@ impl Trainer {
         loss: &Loss,
         stats: Option<&SeqStats>,
     ) -> Result<MicroReport, TrainerError> {
-        let (targets, logp, vars) = self.target_logprobs(rows, step)?;
+        let w = self.take_weights()?;
+        let out = self.accumulate_with(&w, rows, step, loss, stats);
+        self.weights = Some(w);
+        let report = out?;
+        self.acc.micro_steps += 1;
+        self.acc.targets += report.targets as u64;
+        self.acc.loss += report.loss;
+        Ok(report)
+    }
+
+    /// [`accumulate`](Self::accumulate)'s forward and backward under the
+    /// parameters `w`.
+    fn accumulate_with(
+        &mut self,
+        w: &[f32],
+        rows: &[TrainRow],
+        step: &MicroStep,
+        loss: &Loss,
+        stats: Option<&SeqStats>,
+    ) -> Result<MicroReport, TrainerError> {
+        let (targets, pass) = self.forward(w, rows, step)?;
         let mut report = MicroReport {
             tokens: step.tokens(),
             targets: targets.len(),
             ..Default::default()
         };
-        if let Some(logp) = logp {
-            let lp = logp.to_vec1::<f32>()?;
-            let w = match loss {
-                Loss::Policy(cfg) => {
-                    let local;
-                    let stats = match stats {
-                        Some(s) => s,
-                        None => {
-                            local = SeqStats::from_targets(&targets, &lp)?;
-                            &local
-                        }
-                    };
-                    objective::policy_weights(&targets, &lp, stats, cfg)?
-                }
-                Loss::Supervised => objective::supervised_weights(&targets, &lp),
-            };
-            let wt = Tensor::from_slice(&w.grad, w.grad.len(), &Device::Cpu)?;
-            let surrogate = (logp * wt)?.sum_all()?;
-            let grads = surrogate.backward()?;
-            add_grads(
-                &self.layout,
-                &vars,
-                &grads,
-                self.memory.host_mut(Tag::Gradients)?,
-            )?;
-            report.loss = w.loss;
-            report.ratio_capped = w.ratio_capped;
-            report.loss_capped = w.loss_capped;
-            report.clipped_executions = w.clipped_executions;
-        }
-        self.acc.micro_steps += 1;
-        self.acc.targets += report.targets as u64;
-        self.acc.loss += report.loss;
+        let Some(pass) = pass else {
+            return Ok(report);
+        };
+        let lp = pass.logprobs();
+        let weights = match loss {
+            Loss::Policy(cfg) => {
+                let local;
+                let stats = match stats {
+                    Some(s) => s,
+                    None => {
+                        local = SeqStats::from_targets(&targets, lp)?;
+                        &local
+                    }
+                };
+                objective::policy_weights(&targets, lp, stats, cfg)?
+            }
+            Loss::Supervised => objective::supervised_weights(&targets, lp),
+        };
+        pass.backward(
+            &self.layout,
+            w,
+            &weights.grad,
+            self.memory.host_mut(Tag::Gradients)?,
+        )?;
+        report.loss = weights.loss;
+        report.ratio_capped = weights.ratio_capped;
+        report.loss_capped = weights.loss_capped;
+        report.clipped_executions = weights.clipped_executions;
         Ok(report)
     }
 
@@ -385,7 +403,7 @@ impl Trainer {
         self.memory.write(Tag::TrainParams, 0, &params)?;
         self.optim = Some((cfg, t));
         self.version += 1;
-        self.vars = None;
+        self.weights = None;
         self.zero_grads()?;
         Ok(UpdateReport {
             version: self.version,
@@ -433,7 +451,7 @@ impl Trainer {
         self.memory.write(Tag::OptimizerState, 0, &c.moments)?;
         self.optim = Some((cfg, c.adam_t));
         self.version = c.version;
-        self.vars = None;
+        self.weights = None;
         self.zero_grads()
     }
 
@@ -444,7 +462,7 @@ impl Trainer {
         if self.acc.micro_steps > 0 {
             return Err(TrainerError::Accumulating(self.acc.micro_steps));
         }
-        self.vars = None;
+        self.weights = None;
         Ok(self.memory.release_role(Role::Training, |t| {
             if t == Tag::Gradients {
                 Keep::Discard

@@ -1,0 +1,248 @@
+//! Gyre's own transformer (see [`crate::model::gyre`]): token and learned
+//! position embeddings, pre-norm blocks of RMSNorm, attention with a
+//! fused QKV projection and a GELU MLP, a final norm and an untied
+//! input-major head.
+
+use super::head::{Head, HeadMatrix};
+use super::kernels::{Mat, from_heads, gelu, gelu_grad, matmul, rms_norm, rms_norm_grad, to_heads};
+use super::{Batch, Grads, Params, Rows};
+use crate::error::ModelError;
+use crate::model::ModelConfig;
+use crate::model::fused_attention::{self, Dims};
+
+/// The norm's ε, as [`crate::model::gyre`] has it.
+const NORM_EPS: f64 = 1e-5;
+
+pub(super) struct Saved {
+    d: usize,
+    f: usize,
+    heads: usize,
+    layers: Vec<Layer>,
+    head: Head,
+}
+
+/// One block's activations: its input, the attention's normed input, the
+/// heads (head-major), the attention's output, the MLP's input, normed
+/// input, pre-activation and activation.
+struct Layer {
+    x: Vec<f32>,
+    h1: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    a: Vec<f32>,
+    x_mid: Vec<f32>,
+    h2: Vec<f32>,
+    u: Vec<f32>,
+    g: Vec<f32>,
+}
+
+fn name(l: usize, p: &str) -> String {
+    format!("layers.{l}.{p}")
+}
+
+pub(super) fn forward(
+    cfg: &ModelConfig,
+    p: &Params,
+    b: &Batch,
+) -> Result<(Saved, Vec<f32>), ModelError> {
+    let (d, f, heads) = (cfg.width, cfg.ffn, cfg.heads);
+    let hd = cfg.head_dim();
+    let (n, t) = (b.n, b.t);
+    let m = n * t;
+    let dims = (n, t, heads, hd);
+    let attn = Dims {
+        heads,
+        kv_heads: heads,
+        t,
+        hd,
+    };
+    let (tok, pos) = (p.get("tok_emb")?, p.get("pos_emb")?);
+    let mut x = vec![0f32; m * d];
+    for (r, row) in x.chunks_exact_mut(d).enumerate() {
+        let (id, i) = (b.ids[r] as usize, r % t);
+        let (e, q) = (&tok[id * d..(id + 1) * d], &pos[i * d..(i + 1) * d]);
+        for ((o, &e), &q) in row.iter_mut().zip(e).zip(q) {
+            *o = e + q;
+        }
+    }
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        let h1 = rms_norm(&x, p.get(&name(l, "attn_norm"))?, NORM_EPS);
+        let mut qkv = vec![0f32; m * 3 * d];
+        let wqkv = Mat::new(p.get(&name(l, "wqkv"))?, d, 3 * d);
+        matmul(&mut qkv, Mat::new(&h1, m, d), wqkv, false);
+        let (q, k, v) = (
+            to_heads(&qkv, 3 * d, 0, dims),
+            to_heads(&qkv, 3 * d, d, dims),
+            to_heads(&qkv, 3 * d, 2 * d, dims),
+        );
+        let mut a = vec![0f32; m * d];
+        from_heads(
+            &fused_attention::forward(attn, &q, &k, &v),
+            &mut a,
+            d,
+            0,
+            dims,
+        );
+        let mut x_mid = x.clone();
+        let wo = Mat::new(p.get(&name(l, "wo"))?, d, d);
+        matmul(&mut x_mid, Mat::new(&a, m, d), wo, true);
+        let h2 = rms_norm(&x_mid, p.get(&name(l, "mlp_norm"))?, NORM_EPS);
+        let mut u = vec![0f32; m * f];
+        let w1 = Mat::new(p.get(&name(l, "w1"))?, d, f);
+        matmul(&mut u, Mat::new(&h2, m, d), w1, false);
+        let g = gelu(&u);
+        let mut out = x_mid.clone();
+        let w2 = Mat::new(p.get(&name(l, "w2"))?, f, d);
+        matmul(&mut out, Mat::new(&g, m, f), w2, true);
+        layers.push(Layer {
+            x: std::mem::replace(&mut x, out),
+            h1,
+            q,
+            k,
+            v,
+            a,
+            x_mid,
+            h2,
+            u,
+            g,
+        });
+    }
+    let lm = HeadMatrix {
+        data: p.get("lm_head")?,
+        out_major: false,
+    };
+    let (head, logp) = Head::forward(
+        &x,
+        d,
+        b.at,
+        b.tokens,
+        p.get("final_norm")?,
+        NORM_EPS,
+        lm,
+        cfg.vocab,
+    );
+    let saved = Saved {
+        d,
+        f,
+        heads,
+        layers,
+        head,
+    };
+    Ok((saved, logp))
+}
+
+pub(super) fn backward(
+    s: Saved,
+    p: &Params,
+    mut g: Grads,
+    rows: Rows,
+    dlogp: &[f32],
+) -> Result<(), ModelError> {
+    let (d, f, heads, t) = (s.d, s.f, s.heads, rows.t);
+    let m = rows.ids.len();
+    let (n, hd) = (m / t, d / heads);
+    let dims = (n, t, heads, hd);
+    let attn = Dims {
+        heads,
+        kv_heads: heads,
+        t,
+        hd,
+    };
+    let mut dx = vec![0f32; m * d];
+    let lm = HeadMatrix {
+        data: p.get("lm_head")?,
+        out_major: false,
+    };
+    let final_norm = p.get("final_norm")?;
+    let mut d_final = vec![0f32; d];
+    s.head.backward(
+        dlogp,
+        rows.at,
+        final_norm,
+        lm,
+        g.get("lm_head")?,
+        &mut d_final,
+        &mut dx,
+    );
+    super::kernels::add(g.get("final_norm")?, &d_final);
+    for (l, a) in s.layers.into_iter().enumerate().rev() {
+        // x_out = x_mid + gelu(h2 · w1) · w2
+        let dxm = Mat::new(&dx, m, d);
+        matmul(g.get(&name(l, "w2"))?, Mat::new(&a.g, m, f).t(), dxm, true);
+        let mut du = vec![0f32; m * f];
+        matmul(
+            &mut du,
+            dxm,
+            Mat::new(p.get(&name(l, "w2"))?, f, d).t(),
+            false,
+        );
+        gelu_grad(&a.u, &mut du);
+        matmul(
+            g.get(&name(l, "w1"))?,
+            Mat::new(&a.h2, m, d).t(),
+            Mat::new(&du, m, f),
+            true,
+        );
+        let mut dh = vec![0f32; m * d];
+        let w1 = Mat::new(p.get(&name(l, "w1"))?, d, f);
+        matmul(&mut dh, Mat::new(&du, m, f), w1.t(), false);
+        rms_norm_grad(
+            &a.x_mid,
+            p.get(&name(l, "mlp_norm"))?,
+            NORM_EPS,
+            &dh,
+            &mut dx,
+            g.get(&name(l, "mlp_norm"))?,
+        );
+        // x_mid = x + attention(h1 · wqkv) · wo
+        let dxm = Mat::new(&dx, m, d);
+        matmul(g.get(&name(l, "wo"))?, Mat::new(&a.a, m, d).t(), dxm, true);
+        let mut da = vec![0f32; m * d];
+        matmul(
+            &mut da,
+            dxm,
+            Mat::new(p.get(&name(l, "wo"))?, d, d).t(),
+            false,
+        );
+        let dout = to_heads(&da, d, 0, dims);
+        let (dq, dk, dv) = fused_attention::gradients(attn, &a.q, &a.k, &a.v, &dout);
+        let mut dqkv = vec![0f32; m * 3 * d];
+        from_heads(&dq, &mut dqkv, 3 * d, 0, dims);
+        from_heads(&dk, &mut dqkv, 3 * d, d, dims);
+        from_heads(&dv, &mut dqkv, 3 * d, 2 * d, dims);
+        let dqkv = Mat::new(&dqkv, m, 3 * d);
+        matmul(
+            g.get(&name(l, "wqkv"))?,
+            Mat::new(&a.h1, m, d).t(),
+            dqkv,
+            true,
+        );
+        let wqkv = Mat::new(p.get(&name(l, "wqkv"))?, d, 3 * d);
+        matmul(&mut dh, dqkv, wqkv.t(), false);
+        rms_norm_grad(
+            &a.x,
+            p.get(&name(l, "attn_norm"))?,
+            NORM_EPS,
+            &dh,
+            &mut dx,
+            g.get(&name(l, "attn_norm"))?,
+        );
+    }
+    let d_tok = g.get("tok_emb")?;
+    for (row, &id) in dx.chunks_exact(d).zip(rows.ids) {
+        let id = id as usize;
+        for (o, &v) in d_tok[id * d..(id + 1) * d].iter_mut().zip(row) {
+            *o += v;
+        }
+    }
+    let d_pos = g.get("pos_emb")?;
+    for (r, row) in dx.chunks_exact(d).enumerate() {
+        let i = r % t;
+        for (o, &v) in d_pos[i * d..(i + 1) * d].iter_mut().zip(row) {
+            *o += v;
+        }
+    }
+    Ok(())
+}

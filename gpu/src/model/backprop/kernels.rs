@@ -1,0 +1,430 @@
+//! The slice kernels of the hand-written pass: row-major matrix products
+//! that may read either operand transposed and add into their output, and
+//! the row-wise norms, activations and rotations with their gradients.
+//!
+//! Every gradient kernel adds into its output (`+=`), so a parameter or a
+//! residual stream that several paths feed collects them in place: no
+//! zeroed temporary per node and no separate sum, which is what candle's
+//! gradient store cost the step.
+
+use gemm::{Parallelism, gemm};
+use rayon::prelude::*;
+
+use crate::model::fused::{PARALLEL_FROM, inv_rms, phi, sigmoid};
+
+/// A row-major matrix operand: `rows × cols` as stored, read transposed
+/// when `t` is set.
+#[derive(Clone, Copy)]
+pub(super) struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub t: bool,
+}
+
+impl<'a> Mat<'a> {
+    pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Mat {
+            data,
+            rows,
+            cols,
+            t: false,
+        }
+    }
+
+    pub fn t(self) -> Self {
+        Mat { t: !self.t, ..self }
+    }
+
+    /// (rows, cols) as the product reads it.
+    fn shape(&self) -> (usize, usize) {
+        if self.t {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+
+    /// (column stride, row stride) as the product reads it.
+    fn strides(&self) -> (isize, isize) {
+        if self.t {
+            (self.cols as isize, 1)
+        } else {
+            (1, self.cols as isize)
+        }
+    }
+}
+
+/// Products at least this large (m·n·k) use rayon's pool, the threads
+/// candle's matrix products use; a decode-sized one stays on this thread.
+const PARALLEL_PRODUCT: usize = 1 << 18;
+
+/// dst (m × n, row-major) = a · b, or dst += a · b with `add`.
+pub(super) fn matmul(dst: &mut [f32], a: Mat, b: Mat, add: bool) {
+    let ((m, k), (k2, n)) = (a.shape(), b.shape());
+    assert!(
+        k == k2 && dst.len() == m * n && a.data.len() == a.rows * a.cols,
+        "matmul: [{m}×{k}]·[{k2}×{n}] into {} floats",
+        dst.len()
+    );
+    assert_eq!(b.data.len(), b.rows * b.cols, "matmul: b's storage");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !add {
+            dst.fill(0.0);
+        }
+        return;
+    }
+    let (a_cs, a_rs) = a.strides();
+    let (b_cs, b_rs) = b.strides();
+    let par = if m * n * k >= PARALLEL_PRODUCT {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: the asserts above check that every operand holds exactly the
+    // matrix its shape and strides address, and `dst` is a unique borrow,
+    // so it overlaps neither operand.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            add,
+            a.data.as_ptr(),
+            a_cs,
+            a_rs,
+            b.data.as_ptr(),
+            b_cs,
+            b_rs,
+            if add { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// `f` over the rows of `dim` of `xs` and `ys` together, on rayon's pool
+/// when they are large.
+fn rows2<F>(x: &[f32], y: &mut [f32], dim: usize, f: F)
+where
+    F: Fn(&[f32], &mut [f32]) + Sync,
+{
+    if x.len() < PARALLEL_FROM {
+        x.chunks_exact(dim)
+            .zip(y.chunks_exact_mut(dim))
+            .for_each(|(x, y)| f(x, y));
+    } else {
+        x.par_chunks_exact(dim)
+            .zip(y.par_chunks_exact_mut(dim))
+            .for_each(|(x, y)| f(x, y));
+    }
+}
+
+/// y = x · rsqrt(mean(x²) + ε) · g per row of g's length (the arithmetic
+/// of [`crate::model::fused::rms_norm`]).
+pub(super) fn rms_norm(x: &[f32], g: &[f32], eps: f64) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    rows2(x, &mut y, g.len(), |x, y| {
+        let r = inv_rms(x, eps);
+        for ((y, &x), &g) in y.iter_mut().zip(x).zip(g) {
+            *y = x * r * g;
+        }
+    });
+    y
+}
+
+/// The norm's backward: dx += r · (dy∘g − x · r² / D · Σ dy∘g∘x) per row,
+/// and dg += Σ over rows of dy∘x·r.
+pub(super) fn rms_norm_grad(
+    x: &[f32],
+    g: &[f32],
+    eps: f64,
+    dy: &[f32],
+    dx: &mut [f32],
+    dg: &mut [f32],
+) {
+    let dim = g.len();
+    let row = |x: &[f32], dy: &[f32], dx: &mut [f32]| {
+        let r = inv_rms(x, eps);
+        let dot: f32 = x.iter().zip(dy).zip(g).map(|((x, d), g)| d * g * x).sum();
+        let c = r * r * dot / dim as f32;
+        for (((dx, &x), &dy), &g) in dx.iter_mut().zip(x).zip(dy).zip(g) {
+            *dx += r * (dy * g - x * c);
+        }
+    };
+    if x.len() < PARALLEL_FROM {
+        for ((x, dy), dx) in x
+            .chunks_exact(dim)
+            .zip(dy.chunks_exact(dim))
+            .zip(dx.chunks_exact_mut(dim))
+        {
+            row(x, dy, dx);
+        }
+    } else {
+        x.par_chunks_exact(dim)
+            .zip(dy.par_chunks_exact(dim))
+            .zip(dx.par_chunks_exact_mut(dim))
+            .for_each(|((x, dy), dx)| row(x, dy, dx));
+    }
+    for (x, dy) in x.chunks_exact(dim).zip(dy.chunks_exact(dim)) {
+        let r = inv_rms(x, eps);
+        for ((dg, &x), &dy) in dg.iter_mut().zip(x).zip(dy) {
+            *dg += dy * x * r;
+        }
+    }
+}
+
+/// Elementwise over equal-length slices, on rayon's pool when large.
+fn zip_map<F>(a: &[f32], b: &[f32], out: &mut [f32], f: F)
+where
+    F: Fn(f32, f32, &mut f32) + Sync,
+{
+    if a.len() < PARALLEL_FROM {
+        for ((&a, &b), o) in a.iter().zip(b).zip(out.iter_mut()) {
+            f(a, b, o);
+        }
+    } else {
+        a.par_iter()
+            .zip(b)
+            .zip(out.par_iter_mut())
+            .for_each(|((&a, &b), o)| f(a, b, o));
+    }
+}
+
+/// GELU with the exact Φ, in place.
+pub(super) fn gelu(u: &[f32]) -> Vec<f32> {
+    let mut y = vec![0f32; u.len()];
+    zip_map(u, u, &mut y, |u, _, y| *y = u * phi(u).0);
+    y
+}
+
+/// du = dy · (Φ(u) + u φ(u)), written over `dy`.
+pub(super) fn gelu_grad(u: &[f32], dy: &mut [f32]) {
+    let row = |u: f32, dy: &mut f32| {
+        let (cdf, pdf) = phi(u);
+        *dy *= cdf + u * pdf;
+    };
+    if u.len() < PARALLEL_FROM {
+        u.iter().zip(dy.iter_mut()).for_each(|(&u, d)| row(u, d));
+    } else {
+        u.par_iter()
+            .zip(dy.par_iter_mut())
+            .for_each(|(&u, d)| row(u, d));
+    }
+}
+
+/// silu(g) ∘ u.
+pub(super) fn silu_mul(g: &[f32], u: &[f32]) -> Vec<f32> {
+    let mut y = vec![0f32; g.len()];
+    zip_map(g, u, &mut y, |g, u, y| *y = g * sigmoid(g) * u);
+    y
+}
+
+/// The gradients of silu(g) ∘ u: dg = dy ∘ u ∘ σ(g)(1 + g(1 − σ(g))),
+/// du = dy ∘ silu(g). `dy` becomes dg; du is returned.
+pub(super) fn silu_mul_grad(g: &[f32], u: &[f32], dy: &mut [f32]) -> Vec<f32> {
+    let mut du = vec![0f32; g.len()];
+    let one = |g: f32, u: f32, dy: &mut f32, du: &mut f32| {
+        let s = sigmoid(g);
+        *du = *dy * g * s;
+        *dy *= u * s * (1.0 + g * (1.0 - s));
+    };
+    if g.len() < PARALLEL_FROM {
+        for (((&g, &u), dy), du) in g.iter().zip(u).zip(dy.iter_mut()).zip(du.iter_mut()) {
+            one(g, u, dy, du);
+        }
+    } else {
+        g.par_iter()
+            .zip(u)
+            .zip(dy.par_iter_mut())
+            .zip(du.par_iter_mut())
+            .for_each(|(((&g, &u), dy), du)| one(g, u, dy, du));
+    }
+    du
+}
+
+/// Adds each row of `x` (rows of `dim`) into `out`.
+pub(super) fn sum_rows(x: &[f32], dim: usize, out: &mut [f32]) {
+    for r in x.chunks_exact(dim) {
+        for (o, &v) in out.iter_mut().zip(r) {
+            *o += v;
+        }
+    }
+}
+
+/// `a += b`.
+pub(super) fn add(a: &mut [f32], b: &[f32]) {
+    zip_map(b, b, a, |b, _, a| *a += b);
+}
+
+/// Copies the columns `col..col + heads·hd` of `x` (rows of `stride`, `n`
+/// sequences of `t` rows) into head-major [n, heads, t, hd].
+pub(super) fn to_heads(
+    x: &[f32],
+    stride: usize,
+    col: usize,
+    (n, t, heads, hd): (usize, usize, usize, usize),
+) -> Vec<f32> {
+    let mut out = vec![0f32; n * heads * t * hd];
+    for (bh, o) in out.chunks_exact_mut(t * hd).enumerate() {
+        let (b, h) = (bh / heads, bh % heads);
+        for (i, o) in o.chunks_exact_mut(hd).enumerate() {
+            let at = (b * t + i) * stride + col + h * hd;
+            o.copy_from_slice(&x[at..at + hd]);
+        }
+    }
+    out
+}
+
+/// The inverse of [`to_heads`]: head-major `src` into the columns
+/// `col..col + heads·hd` of `x`.
+pub(super) fn from_heads(
+    src: &[f32],
+    x: &mut [f32],
+    stride: usize,
+    col: usize,
+    (n, t, heads, hd): (usize, usize, usize, usize),
+) {
+    for (bh, s) in src.chunks_exact(t * hd).enumerate().take(n * heads) {
+        let (b, h) = (bh / heads, bh % heads);
+        for (i, s) in s.chunks_exact(hd).enumerate() {
+            let at = (b * t + i) * stride + col + h * hd;
+            x[at..at + hd].copy_from_slice(s);
+        }
+    }
+}
+
+/// Rotary embedding of each head (rows of `hd`) of row-major `x`, whose
+/// row `r` is at position `r % t`: x·cos + rotate_half(x)·sin, in place.
+pub(super) fn rope(x: &mut [f32], width: usize, t: usize, cos: &[f32], sin: &[f32], hd: usize) {
+    let half = hd / 2;
+    for (r, row) in x.chunks_exact_mut(width).enumerate() {
+        let p = (r % t) * hd;
+        let (c, s) = (&cos[p..p + hd], &sin[p..p + hd]);
+        for h in row.chunks_exact_mut(hd) {
+            for i in 0..half {
+                let (x1, x2) = (h[i], h[i + half]);
+                h[i] = x1 * c[i] + (-x2) * s[i];
+                h[i + half] = x2 * c[i + half] + x1 * s[i + half];
+            }
+        }
+    }
+}
+
+/// The rotation's backward, in place: dx = dy·cos + rotate_halfᵀ(dy·sin).
+pub(super) fn rope_grad(
+    dy: &mut [f32],
+    width: usize,
+    t: usize,
+    cos: &[f32],
+    sin: &[f32],
+    hd: usize,
+) {
+    let half = hd / 2;
+    for (r, row) in dy.chunks_exact_mut(width).enumerate() {
+        let p = (r % t) * hd;
+        let (c, s) = (&cos[p..p + hd], &sin[p..p + hd]);
+        for h in row.chunks_exact_mut(hd) {
+            for i in 0..half {
+                let (d1, d2) = (h[i], h[i + half]);
+                h[i] = d1 * c[i] + d2 * s[i + half];
+                h[i + half] = d2 * c[i + half] - d1 * s[i];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f32], (m, k): (usize, usize), b: &[f32], n: usize) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+        let mut t = vec![0f32; a.len()];
+        for i in 0..rows {
+            for j in 0..cols {
+                t[j * rows + i] = a[i * cols + j];
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn products_read_either_operand_transposed_and_add_when_asked() {
+        let (m, k, n) = (7, 5, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let want = naive(&a, (m, k), &b, n);
+        let (at, bt) = (transpose(&a, m, k), transpose(&b, k, n));
+        for (a, b) in [
+            (Mat::new(&a, m, k), Mat::new(&b, k, n)),
+            (Mat::new(&at, k, m).t(), Mat::new(&b, k, n)),
+            (Mat::new(&a, m, k), Mat::new(&bt, n, k).t()),
+            (Mat::new(&at, k, m).t(), Mat::new(&bt, n, k).t()),
+        ] {
+            let mut c = vec![1f32; m * n];
+            matmul(&mut c, a, b, false);
+            for (x, y) in c.iter().zip(&want) {
+                assert!((x - y).abs() < 1e-5);
+            }
+            matmul(&mut c, a, b, true);
+            for (x, y) in c.iter().zip(&want) {
+                assert!((x - 2.0 * y).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn heads_round_trip() {
+        // Two sequences of three rows; 2 heads of 4 at columns 5..13 of
+        // rows of 16.
+        let dims = (2, 3, 2, 4);
+        let stride = 16;
+        let x: Vec<f32> = (0..2 * 3 * stride).map(|i| i as f32).collect();
+        let h = to_heads(&x, stride, 5, dims);
+        // Head-major: sequence 1, head 0, row 2 holds row 5's columns 5..9.
+        assert_eq!(
+            &h[(2 * 3 + 2) * 4..(2 * 3 + 3) * 4],
+            &x[5 * 16 + 5..5 * 16 + 9]
+        );
+        let mut back = vec![0f32; x.len()];
+        from_heads(&h, &mut back, stride, 5, dims);
+        for (r, row) in back.chunks_exact(stride).enumerate() {
+            assert!(row[..5].iter().chain(&row[13..]).all(|&v| v == 0.0));
+            assert_eq!(&row[5..13], &x[r * stride + 5..r * stride + 13]);
+        }
+    }
+
+    #[test]
+    fn the_rotation_gradient_is_its_transpose() {
+        // <rope(x), y> = <x, rope_grad(y)> for any x, y.
+        let (t, hd, width) = (3, 4, 8);
+        let cos: Vec<f32> = (0..t * hd).map(|i| (i as f32 * 0.3).cos()).collect();
+        let sin: Vec<f32> = (0..t * hd).map(|i| (i as f32 * 0.3).sin()).collect();
+        let x: Vec<f32> = (0..2 * t * width).map(|i| (i as f32 * 0.7).sin()).collect();
+        let y: Vec<f32> = (0..2 * t * width).map(|i| (i as f32 * 0.9).cos()).collect();
+        let (mut rx, mut gy) = (x.clone(), y.clone());
+        rope(&mut rx, width, t, &cos, &sin, hd);
+        rope_grad(&mut gy, width, t, &cos, &sin, hd);
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(a, b)| a * b).sum::<f32>();
+        assert!((dot(&rx, &y) - dot(&x, &gy)).abs() < 1e-4);
+    }
+}
