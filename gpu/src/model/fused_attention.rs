@@ -85,19 +85,19 @@ fn contiguous<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32
     Ok(&v[a..b])
 }
 
-/// dst (m × n, row-major) = [dst +] a · b, where a is m × k and b is
-/// k × n, each given by its column and row strides.
+/// dst (m × n, rows `dst_rs` apart) = [dst +] a · b, where a is m × k
+/// and b is k × n, each given by its column and row strides.
 #[allow(clippy::too_many_arguments)]
 fn product(
     (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
+    (dst, dst_rs): (&mut [f32], usize),
     accumulate: bool,
     a: &[f32],
     (a_cs, a_rs): (usize, usize),
     b: &[f32],
     (b_cs, b_rs): (usize, usize),
 ) {
-    debug_assert!(dst.len() >= m * n);
+    debug_assert!(m == 0 || dst.len() >= (m - 1) * dst_rs + n);
     debug_assert!(m == 0 || k == 0 || a.len() > (m - 1) * a_rs + (k - 1) * a_cs);
     debug_assert!(n == 0 || k == 0 || b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
     // SAFETY: the strides address only elements inside the slices (checked
@@ -110,7 +110,7 @@ fn product(
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            dst_rs as isize,
             accumulate,
             a.as_ptr(),
             a_cs as isize,
@@ -128,6 +128,16 @@ fn product(
     }
 }
 
+/// Rows per block of the causal products: a block of queries needs only
+/// the keys up to its last row, so the products skip the masked upper
+/// triangle's blocks (about 3/8 of a 128-token row's work at 32).
+const BLOCK: usize = 32;
+
+/// The blocks of `0..t`, as (first, end).
+fn blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..t).step_by(BLOCK).map(move |a| (a, (a + BLOCK).min(t)))
+}
+
 /// Scaled queries, and the causal probabilities of one head: `qs` gets
 /// q·scale, `p` the t × t probabilities (zeros above the diagonal).
 fn probabilities(d: Dims, q: &[f32], k: &[f32], qs: &mut [f32], p: &mut [f32]) {
@@ -136,8 +146,20 @@ fn probabilities(d: Dims, q: &[f32], k: &[f32], qs: &mut [f32], p: &mut [f32]) {
     for (qs, &q) in qs.iter_mut().zip(q) {
         *qs = q * scale;
     }
-    // scores = qs · kᵀ: kᵀ's element (depth e, column j) is k[j, e].
-    product((t, t, hd), p, false, qs, (1, hd), k, (hd, 1));
+    // scores = qs · kᵀ (kᵀ's element (depth e, column j) is k[j, e]), for
+    // each block of queries over the keys it can see.
+    for (a, b) in blocks(t) {
+        let dst = (&mut p[a * t..], t);
+        product(
+            (b - a, b, hd),
+            dst,
+            false,
+            &qs[a * hd..],
+            (1, hd),
+            k,
+            (hd, 1),
+        );
+    }
     let mut row = vec![0f32; t];
     for i in 0..t {
         let s = &mut p[i * t..(i + 1) * t];
@@ -162,7 +184,20 @@ pub(super) fn forward(d: Dims, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
             let kv = (b * d.kv_heads + h / rep) * head;
             let qh = &q[bh * head..(bh + 1) * head];
             probabilities(d, qh, &k[kv..kv + head], scaled, p);
-            product((t, hd, t), o, false, p, (1, t), &v[kv..kv + head], (1, hd));
+            // Each block of queries reads the values its probabilities
+            // reach.
+            for (a, b) in blocks(t) {
+                let (p, o) = (&p[a * t..], (&mut o[a * hd..], hd));
+                product(
+                    (b - a, hd, b),
+                    o,
+                    false,
+                    p,
+                    (1, t),
+                    &v[kv..kv + head],
+                    (1, hd),
+                );
+            }
         },
     );
     out
@@ -267,10 +302,26 @@ pub(super) fn gradients(
                     let (q, dout) = (&q[h..h + head], &dout[h..h + head]);
                     probabilities(d, q, k, scaled, p);
                     let first = r == 0;
-                    // dv (+)= pᵀ · dout
-                    product((t, hd, t), dv, !first, p, (t, 1), dout, (1, hd));
-                    // dp = dout · vᵀ
-                    product((t, t, hd), dp, false, dout, (1, hd), v, (hd, 1));
+                    // dv (+)= pᵀ · dout: a block of keys is seen by the
+                    // queries from its first row on.
+                    for (a, b) in blocks(t) {
+                        let dst = (&mut dv[a * hd..], hd);
+                        let (p, dout) = (&p[a * t + a..], &dout[a * hd..]);
+                        product((b - a, hd, t - a), dst, !first, p, (t, 1), dout, (1, hd));
+                    }
+                    // dp = dout · vᵀ over the keys each block of queries sees
+                    for (a, b) in blocks(t) {
+                        let dst = (&mut dp[a * t..], t);
+                        product(
+                            (b - a, b, hd),
+                            dst,
+                            false,
+                            &dout[a * hd..],
+                            (1, hd),
+                            v,
+                            (hd, 1),
+                        );
+                    }
                     for i in 0..t {
                         let visible = i + 1;
                         let dsi = &mut ds[i * t..(i + 1) * t];
@@ -283,12 +334,19 @@ pub(super) fn gradients(
                     }
                     // dq = (ds · k) · scale
                     let dqh = &mut dq[r * head..(r + 1) * head];
-                    product((t, hd, t), dqh, false, ds, (1, t), k, (1, hd));
+                    for (a, b) in blocks(t) {
+                        let dst = (&mut dqh[a * hd..], hd);
+                        product((b - a, hd, b), dst, false, &ds[a * t..], (1, t), k, (1, hd));
+                    }
                     for x in dqh.iter_mut() {
                         *x *= scale;
                     }
-                    // dk (+)= dsᵀ · scaled q
-                    product((t, hd, t), dk, !first, ds, (t, 1), scaled, (1, hd));
+                    // dk (+)= dsᵀ · scaled q, by blocks of keys as dv
+                    for (a, b) in blocks(t) {
+                        let dst = (&mut dk[a * hd..], hd);
+                        let (ds, qs) = (&ds[a * t + a..], &scaled[a * hd..]);
+                        product((b - a, hd, t - a), dst, !first, ds, (t, 1), qs, (1, hd));
+                    }
                 }
             },
         );

@@ -28,8 +28,9 @@ pub(super) struct Saved {
 
 /// One block's activations: its input, the attention's normed input,
 /// Qwen3's queries and keys before their norm, the heads after the
-/// rotation (head-major), the attention's output, the MLP's input,
-/// normed input, gate and up projections and their product.
+/// rotation (head-major), the attention's output, the MLP's input and
+/// normed input, silu of the gate with its slope, the up projection and
+/// the product.
 struct Layer {
     x: Vec<f32>,
     h1: Vec<f32>,
@@ -41,7 +42,8 @@ struct Layer {
     a: Vec<f32>,
     x_mid: Vec<f32>,
     h2: Vec<f32>,
-    gate: Vec<f32>,
+    silu: Vec<f32>,
+    slope: Vec<f32>,
     up: Vec<f32>,
     act: Vec<f32>,
 }
@@ -161,7 +163,7 @@ pub(super) fn forward(
         );
         let gate = linear(p, &name(l, "mlp.gate_proj"), false, &h2, (m, d, f))?;
         let up = linear(p, &name(l, "mlp.up_proj"), false, &h2, (m, d, f))?;
-        let act = silu_mul(&gate, &up);
+        let (act, silu, slope) = silu_mul(&gate, &up);
         let mut out = x_mid.clone();
         let wd = Mat::new(p.get(&name(l, "mlp.down_proj.weight"))?, d, f);
         matmul(&mut out, Mat::new(&act, m, f), wd.t(), true);
@@ -176,7 +178,8 @@ pub(super) fn forward(
             a,
             x_mid,
             h2,
-            gate,
+            silu,
+            slope,
             up,
             act,
         });
@@ -259,7 +262,7 @@ pub(super) fn backward(
             (m, f, d),
             false,
         )?;
-        let dup = silu_mul_grad(&y.gate, &y.up, &mut dact);
+        let dup = silu_mul_grad(&y.silu, &y.slope, &y.up, &mut dact);
         let mut dh = vec![0f32; m * d];
         linear_grad(
             p,

@@ -4,7 +4,7 @@
 //! input-major head.
 
 use super::head::{Head, HeadMatrix};
-use super::kernels::{Mat, from_heads, gelu, gelu_grad, matmul, rms_norm, rms_norm_grad, to_heads};
+use super::kernels::{Mat, from_heads, gelu, matmul, rms_norm, rms_norm_grad, scale_by, to_heads};
 use super::{Batch, Grads, Params, Rows};
 use crate::error::ModelError;
 use crate::model::ModelConfig;
@@ -22,8 +22,8 @@ pub(super) struct Saved {
 }
 
 /// One block's activations: its input, the attention's normed input, the
-/// heads (head-major), the attention's output, the MLP's input, normed
-/// input, pre-activation and activation.
+/// heads (head-major), the attention's output, the MLP's input and
+/// normed input, the activation and its slope.
 struct Layer {
     x: Vec<f32>,
     h1: Vec<f32>,
@@ -33,8 +33,8 @@ struct Layer {
     a: Vec<f32>,
     x_mid: Vec<f32>,
     h2: Vec<f32>,
-    u: Vec<f32>,
     g: Vec<f32>,
+    slope: Vec<f32>,
 }
 
 fn name(l: usize, p: &str) -> String {
@@ -92,7 +92,7 @@ pub(super) fn forward(
         let mut u = vec![0f32; m * f];
         let w1 = Mat::new(p.get(&name(l, "w1"))?, d, f);
         matmul(&mut u, Mat::new(&h2, m, d), w1, false);
-        let g = gelu(&u);
+        let (g, slope) = gelu(&u);
         let mut out = x_mid.clone();
         let w2 = Mat::new(p.get(&name(l, "w2"))?, f, d);
         matmul(&mut out, Mat::new(&g, m, f), w2, true);
@@ -105,8 +105,8 @@ pub(super) fn forward(
             a,
             x_mid,
             h2,
-            u,
             g,
+            slope,
         });
     }
     let lm = HeadMatrix {
@@ -178,7 +178,7 @@ pub(super) fn backward(
             Mat::new(p.get(&name(l, "w2"))?, f, d).t(),
             false,
         );
-        gelu_grad(&a.u, &mut du);
+        scale_by(&mut du, &a.slope);
         matmul(
             g.get(&name(l, "w1"))?,
             Mat::new(&a.h2, m, d).t(),
