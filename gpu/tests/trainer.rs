@@ -513,6 +513,8 @@ fn a_two_cell_step_reduces_updates_and_broadcasts() {
     let g = alone.export_grads().unwrap();
     alone.apply(&g).unwrap();
     let expected = alone.params().unwrap();
+    let whole_grads = &g.data;
+    let scale = whole_grads.iter().fold(0f32, |m, x| m.max(x.abs()));
 
     let groups = PrefixGroups::host(2, Duration::from_secs(30));
     let whole = MicroStep::whole(&rows);
@@ -541,6 +543,15 @@ fn a_two_cell_step_reduces_updates_and_broadcasts() {
                     let mut g = t.export_grads().unwrap();
                     g.all_reduce(grp.group(2).unwrap().unwrap()).unwrap();
                     assert_eq!((g.cells, g.micro_steps), (2, 2));
+                    // The halves' sum is the whole batch's gradient, up to
+                    // the order in which each product sums over rows.
+                    let worst = g
+                        .data
+                        .iter()
+                        .zip(whole_grads)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(worst < 1e-5 * scale, "max |Δg| = {worst} of {scale}");
                     let mut p = if grp.cell() == 0 {
                         t.apply(&g).unwrap();
                         t.params().unwrap()
@@ -565,7 +576,9 @@ fn a_two_cell_step_reduces_updates_and_broadcasts() {
         .zip(&expected.data)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    assert!(worst < 1e-5, "max |Δθ| = {worst}");
+    // Adam's first step is about lr · g/|g|, so a gradient entry near zero
+    // turns its rounding into a visible share of lr (1e-3).
+    assert!(worst < 1e-4, "max |Δθ| = {worst}");
 }
 
 /// A core restored from a durable checkpoint continues the model's history

@@ -11,12 +11,14 @@
 //! backward recomputes the probabilities, one small product per head), and
 //! reads a key/value head in place for every query head that shares it.
 //!
-//! It computes what the composed ops compute, in the same order: the
-//! queries are scaled before the product, the products are the same gemm
-//! calls over the same depth, the softmax and its gradient are
-//! [`softmax_row`] and [`softmax_grad_row`], and the gradients of a shared
-//! key/value head are summed over its query heads in order. Masked
-//! entries enter as exact zeros.
+//! It computes what the composed ops compute, in the same order, except
+//! for the exponential: the queries are scaled before the product, the
+//! products are gemm calls over the keys each block of queries can see
+//! (the masked entries are exact zeros, which the composed products
+//! added), the softmax and its gradient are [`softmax_row`] (with
+//! [`exp`](super::fused::exp) for libm's expf) and [`softmax_grad_row`],
+//! and the gradients of a shared key/value head are summed over its query
+//! heads in order.
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
 use gemm::{Parallelism, gemm};
@@ -388,11 +390,11 @@ mod tests {
         }
     }
 
-    /// Seeded training runs keep their results: at a training step's
-    /// shape the op gives the composed ops' values and gradients to the
-    /// bit.
+    /// At a training step's shape (four blocks of rows), the values and
+    /// gradients are the composed ops' to within the exponential's
+    /// rounding.
     #[test]
-    fn at_a_training_shape_the_results_are_the_composed_ops_bit_for_bit() {
+    fn at_a_training_shape_the_results_are_the_composed_ops() {
         let (q, k, v) = (
             var(randn(0.0, 1.0, (2, 4, 128, 32))),
             var(randn(0.0, 1.0, (2, 4, 128, 32))),
@@ -402,8 +404,8 @@ mod tests {
             &[&q, &k, &v],
             |x| causal_attention(x[0], x[1], x[2]).unwrap(),
             |x| composed(x[0], x[1], x[2]),
-            f32::MIN_POSITIVE,
-            f32::MIN_POSITIVE,
+            1e-6,
+            1e-5,
         );
     }
 

@@ -6,7 +6,7 @@
 
 use super::head::{Head, HeadMatrix};
 use super::kernels::{
-    Mat, add, from_heads, matmul, rms_norm, rms_norm_grad, rope, rope_grad, silu_mul,
+    Mat, add, from_heads, matmul, product, rms_norm, rms_norm_grad, rope, rope_grad, silu_mul,
     silu_mul_grad, sum_rows, to_heads,
 };
 use super::{Batch, Grads, Params, Rows};
@@ -68,9 +68,8 @@ fn linear(
     x: &[f32],
     (m, din, dout): (usize, usize, usize),
 ) -> Result<Vec<f32>, ModelError> {
-    let mut y = vec![0f32; m * dout];
     let w = Mat::new(p.get(&format!("{prefix}.weight"))?, dout, din);
-    matmul(&mut y, Mat::new(x, m, din), w.t(), false);
+    let mut y = product(Mat::new(x, m, din), w.t());
     if bias {
         let b = p.get(&format!("{prefix}.bias"))?;
         for row in y.chunks_exact_mut(dout) {
@@ -150,9 +149,8 @@ pub(super) fn forward(
             to_heads(&k, kw, 0, (n, t, kvh, hd)),
             to_heads(&v, kw, 0, (n, t, kvh, hd)),
         );
-        let mut a = vec![0f32; m * qw];
         let o = fused_attention::forward(attn, &q, &k, &v);
-        from_heads(&o, &mut a, qw, 0, (n, t, heads, hd));
+        let a = from_heads(&[(&o, heads)], (n, t, hd));
         let mut x_mid = x.clone();
         let wo = Mat::new(p.get(&name(l, "self_attn.o_proj.weight"))?, d, qw);
         matmul(&mut x_mid, Mat::new(&a, m, qw), wo.t(), true);
@@ -303,10 +301,11 @@ pub(super) fn backward(
         )?;
         let dout = to_heads(&da, qw, 0, (n, t, heads, hd));
         let (dqh, dkh, dvh) = fused_attention::gradients(attn, &y.q, &y.k, &y.v, &dout);
-        let (mut dq, mut dk, mut dv) = (vec![0f32; m * qw], vec![0f32; m * kw], vec![0f32; m * kw]);
-        from_heads(&dqh, &mut dq, qw, 0, (n, t, heads, hd));
-        from_heads(&dkh, &mut dk, kw, 0, (n, t, kvh, hd));
-        from_heads(&dvh, &mut dv, kw, 0, (n, t, kvh, hd));
+        let (mut dq, mut dk, dv) = (
+            from_heads(&[(&dqh, heads)], (n, t, hd)),
+            from_heads(&[(&dkh, kvh)], (n, t, hd)),
+            from_heads(&[(&dvh, kvh)], (n, t, hd)),
+        );
         rope_grad(&mut dq, qw, t, &s.cos, &s.sin, hd);
         rope_grad(&mut dk, kw, t, &s.cos, &s.sin, hd);
         if qwen {

@@ -4,7 +4,9 @@
 //! input-major head.
 
 use super::head::{Head, HeadMatrix};
-use super::kernels::{Mat, from_heads, gelu, matmul, rms_norm, rms_norm_grad, scale_by, to_heads};
+use super::kernels::{
+    Mat, from_heads, gelu, matmul, product, rms_norm, rms_norm_grad, scale_by, to_heads,
+};
 use super::{Batch, Grads, Params, Rows};
 use crate::error::ModelError;
 use crate::model::ModelConfig;
@@ -69,29 +71,21 @@ pub(super) fn forward(
     let mut layers = Vec::with_capacity(cfg.layers);
     for l in 0..cfg.layers {
         let h1 = rms_norm(&x, p.get(&name(l, "attn_norm"))?, NORM_EPS);
-        let mut qkv = vec![0f32; m * 3 * d];
         let wqkv = Mat::new(p.get(&name(l, "wqkv"))?, d, 3 * d);
-        matmul(&mut qkv, Mat::new(&h1, m, d), wqkv, false);
+        let qkv = product(Mat::new(&h1, m, d), wqkv);
         let (q, k, v) = (
             to_heads(&qkv, 3 * d, 0, dims),
             to_heads(&qkv, 3 * d, d, dims),
             to_heads(&qkv, 3 * d, 2 * d, dims),
         );
-        let mut a = vec![0f32; m * d];
-        from_heads(
-            &fused_attention::forward(attn, &q, &k, &v),
-            &mut a,
-            d,
-            0,
-            dims,
-        );
+        let o = fused_attention::forward(attn, &q, &k, &v);
+        let a = from_heads(&[(&o, heads)], (n, t, hd));
         let mut x_mid = x.clone();
         let wo = Mat::new(p.get(&name(l, "wo"))?, d, d);
         matmul(&mut x_mid, Mat::new(&a, m, d), wo, true);
         let h2 = rms_norm(&x_mid, p.get(&name(l, "mlp_norm"))?, NORM_EPS);
-        let mut u = vec![0f32; m * f];
         let w1 = Mat::new(p.get(&name(l, "w1"))?, d, f);
-        matmul(&mut u, Mat::new(&h2, m, d), w1, false);
+        let u = product(Mat::new(&h2, m, d), w1);
         let (g, slope) = gelu(&u);
         let mut out = x_mid.clone();
         let w2 = Mat::new(p.get(&name(l, "w2"))?, f, d);
@@ -171,13 +165,7 @@ pub(super) fn backward(
         // x_out = x_mid + gelu(h2 · w1) · w2
         let dxm = Mat::new(&dx, m, d);
         matmul(g.get(&name(l, "w2"))?, Mat::new(&a.g, m, f).t(), dxm, true);
-        let mut du = vec![0f32; m * f];
-        matmul(
-            &mut du,
-            dxm,
-            Mat::new(p.get(&name(l, "w2"))?, f, d).t(),
-            false,
-        );
+        let mut du = product(dxm, Mat::new(p.get(&name(l, "w2"))?, f, d).t());
         scale_by(&mut du, &a.slope);
         matmul(
             g.get(&name(l, "w1"))?,
@@ -185,9 +173,8 @@ pub(super) fn backward(
             Mat::new(&du, m, f),
             true,
         );
-        let mut dh = vec![0f32; m * d];
         let w1 = Mat::new(p.get(&name(l, "w1"))?, d, f);
-        matmul(&mut dh, Mat::new(&du, m, f), w1.t(), false);
+        let mut dh = product(Mat::new(&du, m, f), w1.t());
         rms_norm_grad(
             &a.x_mid,
             p.get(&name(l, "mlp_norm"))?,
@@ -199,19 +186,10 @@ pub(super) fn backward(
         // x_mid = x + attention(h1 · wqkv) · wo
         let dxm = Mat::new(&dx, m, d);
         matmul(g.get(&name(l, "wo"))?, Mat::new(&a.a, m, d).t(), dxm, true);
-        let mut da = vec![0f32; m * d];
-        matmul(
-            &mut da,
-            dxm,
-            Mat::new(p.get(&name(l, "wo"))?, d, d).t(),
-            false,
-        );
+        let da = product(dxm, Mat::new(p.get(&name(l, "wo"))?, d, d).t());
         let dout = to_heads(&da, d, 0, dims);
         let (dq, dk, dv) = fused_attention::gradients(attn, &a.q, &a.k, &a.v, &dout);
-        let mut dqkv = vec![0f32; m * 3 * d];
-        from_heads(&dq, &mut dqkv, 3 * d, 0, dims);
-        from_heads(&dk, &mut dqkv, 3 * d, d, dims);
-        from_heads(&dv, &mut dqkv, 3 * d, 2 * d, dims);
+        let dqkv = from_heads(&[(&dq, heads), (&dk, heads), (&dv, heads)], (n, t, hd));
         let dqkv = Mat::new(&dqkv, m, 3 * d);
         matmul(
             g.get(&name(l, "wqkv"))?,

@@ -8,7 +8,9 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Mat, matmul, rms_norm, rms_norm_grad};
+use crate::model::fused::exp;
+
+use super::kernels::{Mat, matmul, product, rms_norm, rms_norm_grad};
 
 /// The output head's matrix as the checkpoint stores it: Gyre's model
 /// keeps it input-major [d, V] (`x · W`), a Hugging Face decoder
@@ -75,7 +77,7 @@ impl Head {
             .par_chunks_exact(vocab)
             .map(|l| {
                 let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = l.iter().map(|&v| (v - max).exp()).sum();
+                let sum: f32 = l.iter().map(|&v| exp(v - max)).sum();
                 (max, sum.ln())
             })
             .collect();
@@ -121,7 +123,7 @@ impl Head {
             .zip(dlogp)
             .for_each(|(((l, &(max, lse)), &tok), &g)| {
                 for v in l.iter_mut() {
-                    *v = -g * ((*v - max) - lse).exp();
+                    *v = -g * exp((*v - max) - lse);
                 }
                 l[tok as usize] += g;
             });
@@ -132,8 +134,7 @@ impl Head {
         } else {
             matmul(d_lm, normed.t(), dl, true);
         }
-        let mut d_normed = vec![0f32; k * d];
-        matmul(&mut d_normed, dl, lm.read(d, vocab).t(), false);
+        let d_normed = product(dl, lm.read(d, vocab).t());
         let mut d_rows = vec![0f32; k * d];
         rms_norm_grad(&self.rows, norm, self.eps, &d_normed, &mut d_rows, d_norm);
         for (r, &a) in d_rows.chunks_exact(d).zip(at) {
