@@ -6,10 +6,12 @@
 
 use super::head::{Head, HeadMatrix};
 use super::kernels::{
-    Mat, add, from_heads, matmul, product, rms_norm, rms_norm_grad, rope, rope_grad, silu_mul,
-    silu_mul_grad, sum_rows, to_heads,
+    Mat, add, concat_cols, from_heads, matmul, product, rms_norm, rms_norm_grad, rope, rope_grad,
+    silu_mul, silu_mul_grad, split_cols, sum_rows, to_heads,
 };
-use super::{Batch, Grads, Params, Rows};
+use std::ops::Range;
+
+use super::{Batch, Grads, Params, Rows, range};
 use crate::error::ModelError;
 use crate::model::config::{DecoderArch, Family};
 use crate::model::fused_attention::{self, Dims};
@@ -60,47 +62,145 @@ fn head_name(a: &DecoderArch) -> &'static str {
     }
 }
 
-/// x · Wᵀ (+ b) of the `Linear` `prefix` over `m` rows of `din`.
-fn linear(
-    p: &Params,
-    prefix: &str,
+/// `Linear` layers that read the same input (q, k and v; gate and up):
+/// their prefixes and output widths.
+struct Projections<'a> {
+    layers: Vec<(String, usize)>,
     bias: bool,
-    x: &[f32],
-    (m, din, dout): (usize, usize, usize),
-) -> Result<Vec<f32>, ModelError> {
-    let w = Mat::new(p.get(&format!("{prefix}.weight"))?, dout, din);
-    let mut y = product(Mat::new(x, m, din), w.t());
-    if bias {
-        let b = p.get(&format!("{prefix}.bias"))?;
-        for row in y.chunks_exact_mut(dout) {
-            add(row, b);
-        }
-    }
-    Ok(y)
+    /// Where the weights lie when they are adjacent in the layout, in
+    /// order, without biases between them: then they are one [Σ out, in]
+    /// matrix, and the group is one product forward and two backward
+    /// (a larger product instead of two or three small ones).
+    fused: Option<Range<usize>>,
+    p: &'a Params<'a>,
 }
 
-/// The `Linear`'s weight (and bias) gradients of output gradient `dy`
-/// and input `x`, and dx += dy · W.
-#[allow(clippy::too_many_arguments)]
-fn linear_grad(
+impl<'a> Projections<'a> {
+    fn new(
+        p: &'a Params<'a>,
+        layers: Vec<(String, usize)>,
+        bias: bool,
+    ) -> Result<Self, ModelError> {
+        let mut fused = None;
+        if !bias {
+            let ranges = layers
+                .iter()
+                .map(|(prefix, _)| range(p.layout, &format!("{prefix}.weight")))
+                .collect::<Result<Vec<_>, _>>()?;
+            if ranges.windows(2).all(|w| w[0].end == w[1].start) {
+                fused = Some(ranges[0].start..ranges[ranges.len() - 1].end);
+            }
+        }
+        Ok(Projections {
+            layers,
+            bias,
+            fused,
+            p,
+        })
+    }
+
+    fn width(&self) -> usize {
+        self.layers.iter().map(|(_, o)| o).sum()
+    }
+
+    /// x · Wᵀ (+ b) of each layer, over `m` rows of `din`.
+    fn forward(&self, x: &[f32], m: usize, din: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+        if let Some(r) = &self.fused {
+            let w = Mat::new(&self.p.params[r.clone()], self.width(), din);
+            let y = product(Mat::new(x, m, din), w.t());
+            let widths: Vec<usize> = self.layers.iter().map(|(_, o)| *o).collect();
+            return Ok(split_cols(&y, m, &widths));
+        }
+        self.layers
+            .iter()
+            .map(|(prefix, dout)| {
+                let w = Mat::new(self.p.get(&format!("{prefix}.weight"))?, *dout, din);
+                let mut y = product(Mat::new(x, m, din), w.t());
+                if self.bias {
+                    let b = self.p.get(&format!("{prefix}.bias"))?;
+                    for row in y.chunks_exact_mut(*dout) {
+                        add(row, b);
+                    }
+                }
+                Ok(y)
+            })
+            .collect()
+    }
+
+    /// Each layer's weight (and bias) gradient from its output gradient
+    /// in `dys` and the input `x`; returns dx = Σ dy · W.
+    fn backward(
+        &self,
+        g: &mut Grads,
+        x: &[f32],
+        dys: &[&[f32]],
+        m: usize,
+        din: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        if let Some(r) = &self.fused {
+            let parts: Vec<(&[f32], usize)> = dys
+                .iter()
+                .zip(&self.layers)
+                .map(|(dy, (_, o))| (*dy, *o))
+                .collect();
+            let dy = concat_cols(&parts, m);
+            let dym = Mat::new(&dy, m, self.width());
+            matmul(&mut g.grads[r.clone()], dym.t(), Mat::new(x, m, din), true);
+            let w = Mat::new(&self.p.params[r.clone()], self.width(), din);
+            return Ok(product(dym, w));
+        }
+        let mut dx = vec![0f32; m * din];
+        for ((prefix, dout), dy) in self.layers.iter().zip(dys) {
+            let w = format!("{prefix}.weight");
+            let dym = Mat::new(dy, m, *dout);
+            matmul(g.get(&w)?, dym.t(), Mat::new(x, m, din), true);
+            if self.bias {
+                sum_rows(dy, *dout, g.get(&format!("{prefix}.bias"))?);
+            }
+            matmul(&mut dx, dym, Mat::new(self.p.get(&w)?, *dout, din), true);
+        }
+        Ok(dx)
+    }
+}
+
+/// The q, k and v projections of layer `l`.
+fn qkv_of<'a>(
+    p: &'a Params<'a>,
+    l: usize,
+    (qw, kw): (usize, usize),
+    bias: bool,
+) -> Result<Projections<'a>, ModelError> {
+    let layers = [("q_proj", qw), ("k_proj", kw), ("v_proj", kw)]
+        .into_iter()
+        .map(|(proj, out)| (name(l, &format!("self_attn.{proj}")), out))
+        .collect();
+    Projections::new(p, layers, bias)
+}
+
+/// The gate and up projections of layer `l`.
+fn mlp_of<'a>(p: &'a Params<'a>, l: usize, f: usize) -> Result<Projections<'a>, ModelError> {
+    let layers = vec![(name(l, "mlp.gate_proj"), f), (name(l, "mlp.up_proj"), f)];
+    Projections::new(p, layers, false)
+}
+
+/// The last of a group's outputs.
+fn pop(v: &mut Vec<Vec<f32>>) -> Result<Vec<f32>, ModelError> {
+    v.pop()
+        .ok_or_else(|| ModelError::Config("a projection group came back short".into()))
+}
+
+/// The down projection's gradients: dW += dyᵀ · x, and dy · W.
+fn down_grad(
     p: &Params,
     g: &mut Grads,
-    prefix: &str,
-    bias: bool,
+    name: &str,
     x: &[f32],
     dy: &[f32],
-    dx: &mut [f32],
     (m, din, dout): (usize, usize, usize),
-    dx_add: bool,
-) -> Result<(), ModelError> {
-    let w = format!("{prefix}.weight");
+) -> Result<Vec<f32>, ModelError> {
     let dym = Mat::new(dy, m, dout);
-    matmul(g.get(&w)?, dym.t(), Mat::new(x, m, din), true);
-    if bias {
-        sum_rows(dy, dout, g.get(&format!("{prefix}.bias"))?);
-    }
-    matmul(dx, dym, Mat::new(p.get(&w)?, dout, din), dx_add);
-    Ok(())
+    matmul(g.get(name)?, dym.t(), Mat::new(x, m, din), true);
+    Ok(product(dym, Mat::new(p.get(name)?, dout, din)))
 }
 
 pub(super) fn forward(
@@ -131,9 +231,8 @@ pub(super) fn forward(
     let mut layers = Vec::with_capacity(cfg.layers);
     for l in 0..cfg.layers {
         let h1 = rms_norm(&x, p.get(&name(l, "input_layernorm.weight"))?, eps);
-        let q_raw = linear(p, &name(l, "self_attn.q_proj"), bias, &h1, (m, d, qw))?;
-        let k_raw = linear(p, &name(l, "self_attn.k_proj"), bias, &h1, (m, d, kw))?;
-        let v = linear(p, &name(l, "self_attn.v_proj"), bias, &h1, (m, d, kw))?;
+        let mut qkv = qkv_of(p, l, (qw, kw), bias)?.forward(&h1, m, d)?;
+        let (v, k_raw, q_raw) = (pop(&mut qkv)?, pop(&mut qkv)?, pop(&mut qkv)?);
         let (mut q, mut k) = if qwen {
             (
                 rms_norm(&q_raw, p.get(&name(l, "self_attn.q_norm.weight"))?, eps),
@@ -159,8 +258,8 @@ pub(super) fn forward(
             p.get(&name(l, "post_attention_layernorm.weight"))?,
             eps,
         );
-        let gate = linear(p, &name(l, "mlp.gate_proj"), false, &h2, (m, d, f))?;
-        let up = linear(p, &name(l, "mlp.up_proj"), false, &h2, (m, d, f))?;
+        let mut gu = mlp_of(p, l, f)?.forward(&h2, m, d)?;
+        let (up, gate) = (pop(&mut gu)?, pop(&mut gu)?);
         let (act, silu, slope) = silu_mul(&gate, &up);
         let mut out = x_mid.clone();
         let wd = Mat::new(p.get(&name(l, "mlp.down_proj.weight"))?, d, f);
@@ -248,57 +347,15 @@ pub(super) fn backward(
     add(g.get("model.norm.weight")?, &d_final);
     for (l, y) in s.layers.into_iter().enumerate().rev() {
         // x_out = x_mid + down(silu(gate(h2)) ∘ up(h2))
-        let mut dact = vec![0f32; m * f];
-        linear_grad(
-            p,
-            &mut g,
-            &name(l, "mlp.down_proj"),
-            false,
-            &y.act,
-            &dx,
-            &mut dact,
-            (m, f, d),
-            false,
-        )?;
+        let down = name(l, "mlp.down_proj.weight");
+        let mut dact = down_grad(p, &mut g, &down, &y.act, &dx, (m, f, d))?;
         let dup = silu_mul_grad(&y.silu, &y.slope, &y.up, &mut dact);
-        let mut dh = vec![0f32; m * d];
-        linear_grad(
-            p,
-            &mut g,
-            &name(l, "mlp.gate_proj"),
-            false,
-            &y.h2,
-            &dact,
-            &mut dh,
-            (m, d, f),
-            false,
-        )?;
-        linear_grad(
-            p,
-            &mut g,
-            &name(l, "mlp.up_proj"),
-            false,
-            &y.h2,
-            &dup,
-            &mut dh,
-            (m, d, f),
-            true,
-        )?;
+        let dh = mlp_of(p, l, f)?.backward(&mut g, &y.h2, &[&dact, &dup], m, d)?;
         let post = name(l, "post_attention_layernorm.weight");
         rms_norm_grad(&y.x_mid, p.get(&post)?, eps, &dh, &mut dx, g.get(&post)?);
         // x_mid = x + o(attention(rope(norm(q(h1))), rope(norm(k(h1))), v(h1)))
-        let mut da = vec![0f32; m * qw];
-        linear_grad(
-            p,
-            &mut g,
-            &name(l, "self_attn.o_proj"),
-            false,
-            &y.a,
-            &dx,
-            &mut da,
-            (m, qw, d),
-            false,
-        )?;
+        let o = name(l, "self_attn.o_proj.weight");
+        let da = down_grad(p, &mut g, &o, &y.a, &dx, (m, qw, d))?;
         let dout = to_heads(&da, qw, 0, (n, t, heads, hd));
         let (dqh, dkh, dvh) = fused_attention::gradients(attn, &y.q, &y.k, &y.v, &dout);
         let (mut dq, mut dk, dv) = (
@@ -316,26 +373,8 @@ pub(super) fn backward(
             rms_norm_grad(&y.k_raw, p.get(&kn)?, eps, &dk, &mut dk_raw, g.get(&kn)?);
             (dq, dk) = (dq_raw, dk_raw);
         }
-        for (i, (proj, dy, out)) in [
-            ("q_proj", &dq, qw),
-            ("k_proj", &dk, kw),
-            ("v_proj", &dv, kw),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            linear_grad(
-                p,
-                &mut g,
-                &name(l, &format!("self_attn.{proj}")),
-                bias,
-                &y.h1,
-                dy,
-                &mut dh,
-                (m, d, out),
-                i > 0,
-            )?;
-        }
+        let qkv = qkv_of(p, l, (qw, kw), bias)?;
+        let dh = qkv.backward(&mut g, &y.h1, &[&dq, &dk, &dv], m, d)?;
         let input = name(l, "input_layernorm.weight");
         rms_norm_grad(&y.x, p.get(&input)?, eps, &dh, &mut dx, g.get(&input)?);
     }

@@ -375,6 +375,33 @@ pub(super) fn from_heads(parts: &[(&[f32], usize)], (n, t, hd): (usize, usize, u
     out
 }
 
+/// The column blocks of `x` (`m` rows of Σ widths), each as its own
+/// row-major matrix.
+pub(super) fn split_cols(x: &[f32], m: usize, widths: &[usize]) -> Vec<Vec<f32>> {
+    let total: usize = widths.iter().sum();
+    let mut out: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(m * w)).collect();
+    for row in x.chunks_exact(total).take(m) {
+        let mut at = 0;
+        for (o, &w) in out.iter_mut().zip(widths) {
+            o.extend_from_slice(&row[at..at + w]);
+            at += w;
+        }
+    }
+    out
+}
+
+/// The inverse of [`split_cols`]: matrices of `m` rows side by side.
+pub(super) fn concat_cols(parts: &[(&[f32], usize)], m: usize) -> Vec<f32> {
+    let total: usize = parts.iter().map(|(_, w)| w).sum();
+    let mut out = Vec::with_capacity(m * total);
+    for r in 0..m {
+        for &(x, w) in parts {
+            out.extend_from_slice(&x[r * w..(r + 1) * w]);
+        }
+    }
+    out
+}
+
 /// Rotary embedding of each head (rows of `hd`) of row-major `x`, whose
 /// row `r` is at position `r % t`: x·cos + rotate_half(x)·sin, in place.
 pub(super) fn rope(x: &mut [f32], width: usize, t: usize, cos: &[f32], sin: &[f32], hd: usize) {
@@ -474,6 +501,15 @@ mod tests {
         // Head-major: sequence 1, head 0, row 2 holds row 5's columns 0..4.
         assert_eq!(&a[(2 * 3 + 2) * 4..(2 * 3 + 3) * 4], &x[5 * 12..5 * 12 + 4]);
         assert_eq!(from_heads(&[(&a, 2), (&b, 1)], (n, t, hd)), x);
+    }
+
+    #[test]
+    fn column_blocks_split_and_join_back() {
+        let x: Vec<f32> = (0..3 * 7).map(|i| i as f32).collect();
+        let parts = split_cols(&x, 3, &[4, 1, 2]);
+        assert_eq!(parts[1], vec![4.0, 11.0, 18.0]);
+        let joined = concat_cols(&[(&parts[0], 4), (&parts[1], 1), (&parts[2], 2)], 3);
+        assert_eq!(joined, x);
     }
 
     #[test]
