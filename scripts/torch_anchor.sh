@@ -78,5 +78,14 @@ for model in ["qwen3", "gyre"]:
             print(f"| {model} | {what} | {b:,.0f} | {g:,.0f} | {t:,.0f} | {g / b:.2f} | {g / t:.2f} ({b / t:.2f}) |")
         else:
             print(f"| {model} | {what} | {g:,.0f} | {t:,.0f} | {g / t:.2f} |")
+# On a noisy machine the rounds' levels drift together: the ratio within
+# each round (Gyre and PyTorch a few seconds apart) is the steadier figure.
+print("\nper round, Gyre / PyTorch (median):")
+for model in ["qwen3", "gyre"]:
+    for key in ["generate_1", "generate_32", "train"]:
+        g = [r[key + "_s"] for r in rows if r["impl"] == "gyre" and r["model"] == model]
+        t = [r[key + "_s"] for r in rows if r["impl"] == "torch" and r["model"] == model]
+        ratios = [b / a for a, b in zip(g, t)]
+        print(f"  {model} {key}: {' '.join(f'{x:.2f}' for x in ratios)} ({statistics.median(ratios):.2f})")
 sys.exit("log-probs differ by more than 1e-4" if bad else 0)
 PY

@@ -126,11 +126,14 @@ fn learns(seed: u64) -> Run {
 }
 
 /// Two seeds must rise 3×: seeds 1 and 2, and seed 3 only if one of
-/// them did not (so at most three runs, and two below 3× fail at once).
+/// them did not, or if neither run migrated a call (so at most three
+/// runs, and two below 3× fail at once).
 /// A real-time run's rise spreads widely (README, byte game, "Session
 /// 11": 2.2–14.4× for the shipped job, one of twelve runs below 3×), so a
-/// third seed stands in for one low run; every other assertion holds for
-/// every run. The seeds run one after the other: two real-time runs
+/// third seed stands in for one low run; so do calls in flight at a
+/// switch (0–5 migrated a run since session 22's faster trainer), so a
+/// third seed is also run when two runs migrated none. Every other
+/// assertion holds for every run. The seeds run one after the other: two real-time runs
 /// sharing two cores learn less per step.
 #[test]
 fn the_byte_game_learns_through_the_gateway_with_every_mechanism_for_two_seeds() {
@@ -141,7 +144,8 @@ fn the_byte_game_learns_through_the_gateway_with_every_mechanism_for_two_seeds()
     let (mut rose, mut low) = (Vec::new(), Vec::new());
     let (mut exported, mut adopted, mut resumed) = (0, 0, 0);
     for seed in [1, 2, 3] {
-        if rose.len() == 2 || low.len() == 2 {
+        let migrated = resumed > 0 && exported > 0;
+        if (rose.len() >= 2 && migrated) || low.len() == 2 {
             break;
         }
         let run = learns(seed);
@@ -152,7 +156,7 @@ fn the_byte_game_learns_through_the_gateway_with_every_mechanism_for_two_seeds()
     }
     let all = || [rose.clone(), low.clone()].concat().join("\n");
     assert!(
-        rose.len() == 2,
+        rose.len() >= 2,
         "the reward did not rise 3x for two seeds:\n{}",
         low.join("\n")
     );
