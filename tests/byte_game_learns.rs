@@ -110,7 +110,7 @@ fn learns(seed: u64) -> Run {
     assert_eq!(n("calls_without_record"), 0, "{summary}");
     assert!(n("gateway_calls") >= n("plane_calls_answered"), "{summary}");
     // A step trains one group of 4 executions: at most 4 × (4 main calls
-    // + 1 sub-agent call) × 8 tokens. Trained critiques (128 tokens each)
+    // + 1 sub-agent call) × 8 tokens. Trained critiques (192 tokens each)
     // would be far more.
     for u in r["updates"].as_array().unwrap() {
         let t = u["targets"].as_u64().unwrap();
