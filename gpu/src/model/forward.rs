@@ -77,6 +77,11 @@ pub fn check_tokens(cfg: &ModelConfig, ids: &[u32], len: usize) -> Result<(), Mo
             context: cfg.context,
         });
     }
+    check_vocab(cfg, ids)
+}
+
+/// Rejects ids outside the vocabulary, naming the first and its place.
+pub fn check_vocab(cfg: &ModelConfig, ids: &[u32]) -> Result<(), ModelError> {
     if let Some((position, &token)) = ids
         .iter()
         .enumerate()

@@ -103,7 +103,8 @@ pub fn add_grads(
     Ok(())
 }
 
-fn check_len(layout: &ParamLayout, data: &[f32]) -> Result<(), ModelError> {
+/// A buffer of the layout's length (parameters or gradients).
+pub(super) fn check_len(layout: &ParamLayout, data: &[f32]) -> Result<(), ModelError> {
     if data.len() != layout.total {
         return Err(ModelError::Length {
             expected: layout.total,

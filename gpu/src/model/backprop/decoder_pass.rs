@@ -4,13 +4,13 @@
 //! SwiGLU MLP, a final norm and an output-major head that may be the tied
 //! embedding. `Linear` weights are [out, in], applied as `x · Wᵀ`.
 
-use super::head::{Head, HeadMatrix};
+use std::ops::Range;
+
+use super::head::{Head, HeadParams};
 use super::kernels::{
     Mat, add, concat_cols, from_heads, matmul, product, rms_norm, rms_norm_grad, rope, rope_grad,
     silu_mul, silu_mul_grad, split_cols, sum_rows, to_heads,
 };
-use std::ops::Range;
-
 use super::{Batch, Grads, Params, Rows, range};
 use crate::error::ModelError;
 use crate::model::config::{DecoderArch, Family};
@@ -54,11 +54,16 @@ fn name(l: usize, p: &str) -> String {
     format!("model.layers.{l}.{p}")
 }
 
-fn head_name(a: &DecoderArch) -> &'static str {
-    if a.tie_embeddings {
-        "model.embed_tokens.weight"
-    } else {
-        "lm_head.weight"
+fn head(a: &DecoderArch) -> HeadParams {
+    HeadParams {
+        norm: "model.norm.weight",
+        lm: if a.tie_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        },
+        out_major: true,
+        eps: a.norm_eps,
     }
 }
 
@@ -281,20 +286,7 @@ pub(super) fn forward(
             act,
         });
     }
-    let lm = HeadMatrix {
-        data: p.get(head_name(arch))?,
-        out_major: true,
-    };
-    let (head, logp) = Head::forward(
-        &x,
-        d,
-        b.at,
-        b.tokens,
-        p.get("model.norm.weight")?,
-        eps,
-        lm,
-        cfg.vocab,
-    );
+    let (head, logp) = Head::forward(&x, (d, cfg.vocab), b, p, head(arch))?;
     let saved = Saved {
         d,
         f,
@@ -329,22 +321,7 @@ pub(super) fn backward(
         hd,
     };
     let mut dx = vec![0f32; m * d];
-    let lm_name = head_name(a);
-    let lm = HeadMatrix {
-        data: p.get(lm_name)?,
-        out_major: true,
-    };
-    let mut d_final = vec![0f32; d];
-    s.head.backward(
-        dlogp,
-        rows.at,
-        p.get("model.norm.weight")?,
-        lm,
-        g.get(lm_name)?,
-        &mut d_final,
-        &mut dx,
-    );
-    add(g.get("model.norm.weight")?, &d_final);
+    s.head.backward(p, &mut g, dlogp, rows.at, &mut dx)?;
     for (l, y) in s.layers.into_iter().enumerate().rev() {
         // x_out = x_mid + down(silu(gate(h2)) ∘ up(h2))
         let down = name(l, "mlp.down_proj.weight");

@@ -3,7 +3,7 @@
 //! fused QKV projection and a GELU MLP, a final norm and an untied
 //! input-major head.
 
-use super::head::{Head, HeadMatrix};
+use super::head::{Head, HeadParams};
 use super::kernels::{
     Mat, from_heads, gelu, matmul, product, rms_norm, rms_norm_grad, scale_by, to_heads,
 };
@@ -14,6 +14,13 @@ use crate::model::fused_attention::{self, Dims};
 
 /// The norm's ε, as [`crate::model::gyre`] has it.
 const NORM_EPS: f64 = 1e-5;
+
+const HEAD: HeadParams = HeadParams {
+    norm: "final_norm",
+    lm: "lm_head",
+    out_major: false,
+    eps: NORM_EPS,
+};
 
 pub(super) struct Saved {
     d: usize,
@@ -103,20 +110,7 @@ pub(super) fn forward(
             slope,
         });
     }
-    let lm = HeadMatrix {
-        data: p.get("lm_head")?,
-        out_major: false,
-    };
-    let (head, logp) = Head::forward(
-        &x,
-        d,
-        b.at,
-        b.tokens,
-        p.get("final_norm")?,
-        NORM_EPS,
-        lm,
-        cfg.vocab,
-    );
+    let (head, logp) = Head::forward(&x, (d, cfg.vocab), b, p, HEAD)?;
     let saved = Saved {
         d,
         f,
@@ -145,22 +139,7 @@ pub(super) fn backward(
         hd,
     };
     let mut dx = vec![0f32; m * d];
-    let lm = HeadMatrix {
-        data: p.get("lm_head")?,
-        out_major: false,
-    };
-    let final_norm = p.get("final_norm")?;
-    let mut d_final = vec![0f32; d];
-    s.head.backward(
-        dlogp,
-        rows.at,
-        final_norm,
-        lm,
-        g.get("lm_head")?,
-        &mut d_final,
-        &mut dx,
-    );
-    super::kernels::add(g.get("final_norm")?, &d_final);
+    s.head.backward(p, &mut g, dlogp, rows.at, &mut dx)?;
     for (l, a) in s.layers.into_iter().enumerate().rev() {
         // x_out = x_mid + gelu(h2 · w1) · w2
         let dxm = Mat::new(&dx, m, d);

@@ -11,30 +11,36 @@ use rayon::prelude::*;
 use crate::model::fused::exp;
 
 use super::kernels::{Mat, matmul, product, rms_norm, rms_norm_grad};
+use super::{Batch, Grads, Params};
+use crate::error::ModelError;
 
-/// The output head's matrix as the checkpoint stores it: Gyre's model
-/// keeps it input-major [d, V] (`x · W`), a Hugging Face decoder
-/// output-major [V, d] (`x · Wᵀ`, possibly the tied embedding).
+/// Where an architecture keeps its final norm and output head, and how:
+/// Gyre's model keeps the head input-major [d, V] (`x · W`), a Hugging
+/// Face decoder output-major [V, d] (`x · Wᵀ`, possibly the tied
+/// embedding).
 #[derive(Clone, Copy)]
-pub(super) struct HeadMatrix<'a> {
-    pub data: &'a [f32],
+pub(super) struct HeadParams {
+    pub norm: &'static str,
+    pub lm: &'static str,
     pub out_major: bool,
+    pub eps: f64,
 }
 
-impl HeadMatrix<'_> {
-    fn read(&self, d: usize, vocab: usize) -> Mat<'_> {
-        if self.out_major {
-            Mat::new(self.data, vocab, d).t()
+impl HeadParams {
+    fn matrix<'a>(&self, p: &Params<'a>, d: usize, vocab: usize) -> Result<Mat<'a>, ModelError> {
+        let data = p.get(self.lm)?;
+        Ok(if self.out_major {
+            Mat::new(data, vocab, d).t()
         } else {
-            Mat::new(self.data, d, vocab)
-        }
+            Mat::new(data, d, vocab)
+        })
     }
 }
 
 pub(super) struct Head {
+    at: HeadParams,
     d: usize,
     vocab: usize,
-    eps: f64,
     /// The hidden rows of the targets, before and after the final norm.
     rows: Vec<f32>,
     normed: Vec<f32>,
@@ -47,30 +53,20 @@ pub(super) struct Head {
 impl Head {
     /// log p(tokens[i] | row at[i] of `x`) for every target; `x` holds
     /// rows of `d`.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         x: &[f32],
-        d: usize,
-        at: &[usize],
-        tokens: &[u32],
-        norm: &[f32],
-        eps: f64,
-        lm: HeadMatrix,
-        vocab: usize,
-    ) -> (Head, Vec<f32>) {
-        let k = at.len();
-        let mut rows = vec![0f32; k * d];
-        for (r, &a) in rows.chunks_exact_mut(d).zip(at) {
-            r.copy_from_slice(&x[a * d..(a + 1) * d]);
+        (d, vocab): (usize, usize),
+        b: &Batch,
+        p: &Params,
+        at: HeadParams,
+    ) -> Result<(Head, Vec<f32>), ModelError> {
+        let k = b.at.len();
+        let mut rows = Vec::with_capacity(k * d);
+        for &a in b.at {
+            rows.extend_from_slice(&x[a * d..(a + 1) * d]);
         }
-        let normed = rms_norm(&rows, norm, eps);
-        let mut logits = vec![0f32; k * vocab];
-        matmul(
-            &mut logits,
-            Mat::new(&normed, k, d),
-            lm.read(d, vocab),
-            false,
-        );
+        let normed = rms_norm(&rows, p.get(at.norm)?, at.eps);
+        let logits = product(Mat::new(&normed, k, d), at.matrix(p, d, vocab)?);
         // log softmax as the candle path composes it: diff = x − max,
         // lse = ln Σ exp(diff), log p = diff − lse.
         let shift: Vec<(f32, f32)> = logits
@@ -84,36 +80,33 @@ impl Head {
         let logp = logits
             .chunks_exact(vocab)
             .zip(&shift)
-            .zip(tokens)
+            .zip(b.tokens)
             .map(|((l, &(max, lse)), &tok)| (l[tok as usize] - max) - lse)
             .collect();
         let head = Head {
+            at,
             d,
             vocab,
-            eps,
             rows,
             normed,
             logits,
             shift,
-            tokens: tokens.to_vec(),
+            tokens: b.tokens.to_vec(),
         };
-        (head, logp)
+        Ok((head, logp))
     }
 
     /// Given d loss / d log p of each target: the head's and the norm's
-    /// gradients added into `d_lm` and `d_norm`, the hidden rows' added
-    /// into `dx` at the rows they came from.
-    #[allow(clippy::too_many_arguments)]
+    /// gradients added into `g`, the hidden rows' added into `dx` at the
+    /// rows `at` they came from.
     pub fn backward(
         mut self,
+        p: &Params,
+        g: &mut Grads,
         dlogp: &[f32],
         at: &[usize],
-        norm: &[f32],
-        lm: HeadMatrix,
-        d_lm: &mut [f32],
-        d_norm: &mut [f32],
         dx: &mut [f32],
-    ) {
+    ) -> Result<(), ModelError> {
         let (d, vocab, k) = (self.d, self.vocab, at.len());
         // d log p_tok / d logit_j = [j = tok] − softmax_j.
         self.logits
@@ -129,18 +122,28 @@ impl Head {
             });
         let dl = Mat::new(&self.logits, k, vocab);
         let normed = Mat::new(&self.normed, k, d);
-        if lm.out_major {
-            matmul(d_lm, dl.t(), normed, true);
+        if self.at.out_major {
+            matmul(g.get(self.at.lm)?, dl.t(), normed, true);
         } else {
-            matmul(d_lm, normed.t(), dl, true);
+            matmul(g.get(self.at.lm)?, normed.t(), dl, true);
         }
-        let d_normed = product(dl, lm.read(d, vocab).t());
+        let d_normed = product(dl, self.at.matrix(p, d, vocab)?.t());
         let mut d_rows = vec![0f32; k * d];
-        rms_norm_grad(&self.rows, norm, self.eps, &d_normed, &mut d_rows, d_norm);
+        let norm = p.get(self.at.norm)?;
+        let eps = self.at.eps;
+        rms_norm_grad(
+            &self.rows,
+            norm,
+            eps,
+            &d_normed,
+            &mut d_rows,
+            g.get(self.at.norm)?,
+        );
         for (r, &a) in d_rows.chunks_exact(d).zip(at) {
             for (o, &g) in dx[a * d..(a + 1) * d].iter_mut().zip(r) {
                 *o += g;
             }
         }
+        Ok(())
     }
 }

@@ -26,8 +26,9 @@ mod kernels;
 use std::ops::Range;
 
 use super::config::{Arch, ModelConfig};
-use super::forward::check_batch;
+use super::forward::{check_batch, check_vocab};
 use super::params::ParamLayout;
+use super::weights::check_len;
 use crate::error::ModelError;
 
 /// Teacher-forced targets over right-padded rows: `ids` is `n` rows of `t`
@@ -73,7 +74,7 @@ impl TrainPass {
         batch: &Batch,
     ) -> Result<Self, ModelError> {
         check_batch(cfg, batch.ids, batch.n, batch.t)?;
-        check_params(layout, params)?;
+        check_len(layout, params)?;
         let rows = batch.n * batch.t;
         if batch.at.len() != batch.tokens.len() {
             return Err(ModelError::Config(format!(
@@ -87,18 +88,7 @@ impl TrainPass {
                 "a target is predicted by row {a} of a batch of {rows}"
             )));
         }
-        if let Some((position, &token)) = batch
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, t)| **t as usize >= cfg.vocab)
-        {
-            return Err(ModelError::Token {
-                token,
-                position,
-                vocab: cfg.vocab,
-            });
-        }
+        check_vocab(cfg, batch.tokens)?;
         let p = Params { layout, params };
         let (saved, logp) = match &cfg.arch {
             Arch::Gyre => {
@@ -133,8 +123,8 @@ impl TrainPass {
         dlogp: &[f32],
         grads: &mut [f32],
     ) -> Result<(), ModelError> {
-        check_params(layout, params)?;
-        check_params(layout, grads)?;
+        check_len(layout, params)?;
+        check_len(layout, grads)?;
         if dlogp.len() != self.logp.len() {
             return Err(ModelError::Length {
                 expected: self.logp.len(),
@@ -160,16 +150,6 @@ struct Rows<'a> {
     ids: &'a [u32],
     t: usize,
     at: &'a [usize],
-}
-
-fn check_params(layout: &ParamLayout, data: &[f32]) -> Result<(), ModelError> {
-    if data.len() != layout.total {
-        return Err(ModelError::Length {
-            expected: layout.total,
-            got: data.len(),
-        });
-    }
-    Ok(())
 }
 
 fn range(layout: &ParamLayout, name: &str) -> Result<Range<usize>, ModelError> {
