@@ -75,6 +75,12 @@ impl TrainPass {
     ) -> Result<Self, ModelError> {
         check_batch(cfg, batch.ids, batch.n, batch.t)?;
         check_len(layout, params)?;
+        if batch.n == 0 || batch.t == 0 {
+            return Err(ModelError::Config(format!(
+                "an empty batch ({} rows of {} tokens)",
+                batch.n, batch.t
+            )));
+        }
         let rows = batch.n * batch.t;
         if batch.at.len() != batch.tokens.len() {
             return Err(ModelError::Config(format!(

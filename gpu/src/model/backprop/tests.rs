@@ -209,6 +209,15 @@ fn bad_batches_are_refused_naming_what_is_wrong() {
             .to_string()
     };
     assert!(forward(&[8], &[1], &p.data).contains("row 8 of a batch of 8"));
+    let empty = Batch {
+        ids: &[],
+        n: 2,
+        t: 0,
+        at: &[],
+        tokens: &[],
+    };
+    let err = TrainPass::forward(&cfg, &layout, &p.data, &empty).unwrap_err();
+    assert!(err.to_string().contains("an empty batch"), "{err}");
     assert!(forward(&[0], &[1, 2], &p.data).contains("1 target rows for 2"));
     assert!(forward(&[0], &[100_000], &p.data).contains("token id 100000"));
     assert!(forward(&[0], &[1], &p.data[1..]).contains("holds"));
