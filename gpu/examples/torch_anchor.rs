@@ -203,6 +203,29 @@ fn train_only(path: &Path, reps: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Only generation with `concurrent` requests, `reps` times (for a
+/// profiler: `perf record` on `torch_anchor generate DIR/gyre.safetensors
+/// 50`); prints its median.
+fn generate_only(path: &Path, reps: usize, concurrent: usize) -> Result<(), String> {
+    let (model, params) = load(path)?;
+    let cfg = EngineConfig::for_model(model.clone(), 32);
+    let mut engine = Engine::new(cfg, &params).map_err(|e| e.to_string())?;
+    let mut many = Vec::new();
+    for rep in 0..reps {
+        many.push(generate(&mut engine, concurrent, rep)?);
+    }
+    let out = serde_json::json!({
+        "impl": "gyre",
+        "threads": candle_core::utils::get_num_threads(),
+        "reps": reps,
+        "concurrent": concurrent,
+        "generate_s": median(many),
+        "generate_tokens": concurrent * NEW_TOKENS as usize,
+    });
+    println!("{out}");
+    Ok(())
+}
+
 fn main() {
     gyre_gpu::cpu::settle();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -217,8 +240,18 @@ fn main() {
             Ok(n) if n > 0 => train_only(Path::new(dir), n),
             _ => Err(format!("REPS must be a positive integer, got {reps:?}")),
         },
+        ["generate", dir, reps] => match reps.parse() {
+            Ok(n) if n > 0 => generate_only(Path::new(dir), n, 32),
+            _ => Err(format!("REPS must be a positive integer, got {reps:?}")),
+        },
+        ["generate", dir, reps, concurrent] => match (reps.parse(), concurrent.parse()) {
+            (Ok(n), Ok(c)) if n > 0 && c > 0 => generate_only(Path::new(dir), n, c),
+            _ => Err(format!(
+                "REPS and CONCURRENT must be positive integers, got {reps:?} and {concurrent:?}"
+            )),
+        },
         _ => Err(
-            "usage: torch_anchor write DIR | bench DIR/qwen3|DIR/gyre.safetensors [REPS] | train DIR/qwen3|DIR/gyre.safetensors REPS".into(),
+            "usage: torch_anchor write DIR | bench DIR/qwen3|DIR/gyre.safetensors [REPS] | train DIR/qwen3|DIR/gyre.safetensors REPS | generate DIR/qwen3|DIR/gyre.safetensors REPS [CONCURRENT]".into(),
         ),
     };
     if let Err(e) = result {

@@ -388,7 +388,8 @@ impl Engine {
             blocks,
             segs: &segs,
         };
-        let logits = forward_ragged(&weights, &tokens, &segs, &mut store, &want)?;
+        let logits =
+            crate::cpu::on_pool(|| forward_ragged(&weights, &tokens, &segs, &mut store, &want))?;
         for (id, take) in taken {
             if let Some(seq) = self.running.get_mut(&id) {
                 seq.cached += take;

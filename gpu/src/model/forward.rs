@@ -14,6 +14,7 @@ use candle_core::{D, Device, Tensor};
 
 use super::Model;
 use super::config::ModelConfig;
+use super::ragged_attention::{Heads, attend_rows};
 use super::weights::Weights;
 use crate::error::ModelError;
 
@@ -175,8 +176,9 @@ pub struct Segment {
 }
 
 /// Where the engine keeps keys and values: rows of
-/// [`ModelConfig::kv_width`] floats per token, per layer.
-pub trait KvStore {
+/// [`ModelConfig::kv_width`] floats per token, per layer. Shared between
+/// threads while the sequences of a batch attend in parallel.
+pub trait KvStore: Sync {
     /// Keys and values of the first `seg.past` tokens of segment `seg_ix`.
     fn load(&self, seg_ix: usize, layer: usize) -> Result<(Vec<f32>, Vec<f32>), ModelError>;
     /// Keys and values of the segment's new tokens, to keep at positions
@@ -267,17 +269,11 @@ pub fn attend_segments(
     Ok(Tensor::cat(&outs, 0)?)
 }
 
-/// Causal attention of a ragged batch, in plain loops over the rows: `q`
-/// is [total, heads, hd], `k`/`v` are [total, kv_heads·hd] rows (stored
-/// through `kv`, after the cached rows it loads); query head h reads key
-/// head h / (heads / kv_heads). Returns [total, heads·hd].
-///
-/// It computes what [`attend_segments`] computes (scores scaled by
-/// 1/√hd, a causal softmax, the weighted values) without building
-/// tensors per segment for segments of a few new rows: a decode step of
-/// many sequences is one new token each, and a dozen small tensor ops per
-/// sequence and layer cost far more than the arithmetic. A segment of
-/// [`TENSOR_ROWS`] or more (a prompt chunk) still runs as tensor ops.
+/// Causal attention of a ragged batch in tensors: `q` is [total, heads,
+/// hd], `k`/`v` are [total, kv_heads·hd] rows (stored through `kv`, after
+/// the cached rows it loads); query head h reads key head h / (heads /
+/// kv_heads). Returns [total, heads·hd]. It computes what
+/// [`attend_segments`] computes, on slices: see [`attend_rows`].
 pub fn attend_ragged(
     kv: &mut dyn KvStore,
     layer: usize,
@@ -288,189 +284,14 @@ pub fn attend_ragged(
     kv_heads: usize,
 ) -> Result<Tensor, ModelError> {
     let (total, heads, hd) = q.dims3()?;
-    let kvw = kv_heads * hd;
-    if kv_heads == 0 || heads % kv_heads != 0 || k.dims2()? != (total, kvw) {
-        return Err(ModelError::Config(format!(
-            "attention: {heads} query heads over {kv_heads} key heads of {hd} with keys {:?}",
-            k.dims()
-        )));
-    }
-    let group = heads / kv_heads;
-    let q = q.flatten_all()?.to_vec1::<f32>()?;
-    let k = k.flatten_all()?.to_vec1::<f32>()?;
-    let v = v.flatten_all()?.to_vec1::<f32>()?;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut out = vec![0f32; total * heads * hd];
-    let mut p = Vec::new();
-    for (si, s) in segs.iter().enumerate() {
-        let new = s.start * kvw..(s.start + s.len) * kvw;
-        let seen_all = s.past + s.len;
-        // The cache's rows where they lie, or a copy of them.
-        let copied;
-        let (kr, vr): (Vec<&[f32]>, Vec<&[f32]>) = match kv.rows_in_place(si, layer, 0, s.past) {
-            Some(_) => {
-                kv.store(si, layer, &k[new.clone()], &v[new])?;
-                let rows = |which| {
-                    kv.rows_in_place(si, layer, which, seen_all)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .flat_map(|run| run.chunks_exact(kvw))
-                        .collect::<Vec<_>>()
-                };
-                (rows(0), rows(1))
-            }
-            None => {
-                let (mut kc, mut vc) = kv.load(si, layer)?;
-                kv.store(si, layer, &k[new.clone()], &v[new.clone()])?;
-                kc.extend_from_slice(&k[new.clone()]);
-                vc.extend_from_slice(&v[new]);
-                copied = (kc, vc);
-                (
-                    copied.0.chunks_exact(kvw).collect(),
-                    copied.1.chunks_exact(kvw).collect(),
-                )
-            }
-        };
-        if kr.len() != seen_all || vr.len() != seen_all {
-            return Err(ModelError::Config(format!(
-                "attention: the cache gave {} key and {} value rows of {seen_all}",
-                kr.len(),
-                vr.len()
-            )));
-        }
-        if s.len >= TENSOR_ROWS {
-            let rows = s.start * heads * hd..(s.start + s.len) * heads * hd;
-            let o = attend_in_tensors(&q[rows.clone()], &kr, &vr, s, [heads, kv_heads, hd])?;
-            out[rows].copy_from_slice(&o);
-            continue;
-        }
-        for i in 0..s.len {
-            let row = s.start + i;
-            let seen = s.past + i + 1;
-            for h in 0..heads {
-                let off = (h / group) * hd;
-                let qh = &q[(row * heads + h) * hd..][..hd];
-                let o = &mut out[(row * heads + h) * hd..][..hd];
-                let rows = Rows {
-                    keys: &kr[..seen],
-                    values: &vr[..seen],
-                    off,
-                };
-                head_attention(qh, rows, scale, &mut p, o);
-            }
-        }
-    }
-    Ok(Tensor::from_vec(out, (total, heads * hd), &Device::Cpu)?)
-}
-
-/// New rows of a segment from which its attention runs as tensor ops
-/// (two batched matmuls) rather than loops: a prompt chunk's rows share
-/// one pass over the cache, where a loop walks it once per row.
-const TENSOR_ROWS: usize = 8;
-
-/// One segment's attention in tensor ops: `q` its rows' queries
-/// [len, heads, hd], `kr`/`vr` every key and value row it sees; returns
-/// [len, heads·hd] flat.
-fn attend_in_tensors(
-    q: &[f32],
-    kr: &[&[f32]],
-    vr: &[&[f32]],
-    s: &Segment,
-    [heads, kv_heads, hd]: [usize; 3],
-) -> Result<Vec<f32>, ModelError> {
-    let m = kr.len();
-    let group = heads / kv_heads;
-    let which = Tensor::from_vec(
-        (0..heads).map(|h| (h / group) as u32).collect::<Vec<_>>(),
+    let dims = Heads {
         heads,
-        &Device::Cpu,
-    )?;
-    // [m, kv_heads·hd] rows → [heads, m, hd], query head h on key head h / group.
-    let by_head = |rows: &[&[f32]]| -> Result<Tensor, ModelError> {
-        let t = Tensor::from_vec(rows.concat(), (m, kv_heads, hd), &Device::Cpu)?
-            .transpose(0, 1)?
-            .contiguous()?;
-        Ok(if group == 1 {
-            t
-        } else {
-            t.index_select(&which, 0)?
-        })
-    };
-    let qs = Tensor::from_slice(q, (s.len, heads, hd), &Device::Cpu)?
-        .transpose(0, 1)?
-        .contiguous()?;
-    let o = attend(
-        &qs,
-        &by_head(kr)?,
-        &by_head(vr)?,
-        &causal_mask(s.len, s.past)?,
+        kv_heads,
         hd,
-    )?;
-    Ok(o.transpose(0, 1)?.flatten_all()?.to_vec1::<f32>()?)
-}
-
-/// The key and value rows one query attends to, and where its head's
-/// columns start in them.
-struct Rows<'a> {
-    keys: &'a [&'a [f32]],
-    values: &'a [&'a [f32]],
-    off: usize,
-}
-
-/// One query head over its rows: `o` += softmax(q·k · scale) · v, with
-/// `p` as scratch. The same loops compiled for AVX2 and FMA where the CPU
-/// has them (the crate builds for baseline x86-64), else as they are.
-fn head_attention(q: &[f32], rows: Rows<'_>, scale: f32, p: &mut Vec<f32>, o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has both features, checked just above.
-        return unsafe { head_attention_avx2(q, rows, scale, p, o) };
-    }
-    head_attention_loops(q, rows, scale, p, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn head_attention_avx2(q: &[f32], rows: Rows<'_>, scale: f32, p: &mut Vec<f32>, o: &mut [f32]) {
-    head_attention_loops(q, rows, scale, p, o)
-}
-
-#[inline(always)]
-fn head_attention_loops(q: &[f32], rows: Rows<'_>, scale: f32, p: &mut Vec<f32>, o: &mut [f32]) {
-    let (hd, off) = (q.len(), rows.off);
-    p.clear();
-    p.extend(rows.keys.iter().map(|r| dot(q, &r[off..off + hd]) * scale));
-    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for x in p.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
-    for (&w, r) in p.iter().zip(rows.values) {
-        let w = w / sum;
-        for (o, &x) in o.iter_mut().zip(&r[off..off + hd]) {
-            *o += w * x;
-        }
-    }
-}
-
-/// Σ a·b, in eight lanes so the compiler keeps it in vector registers.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
+    };
+    let flat = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
+    let out = attend_rows(kv, layer, segs, &flat(q)?, &flat(k)?, &flat(v)?, dims)?;
+    Ok(Tensor::from_vec(out, (total, heads * hd), &Device::Cpu)?)
 }
 
 /// One continuous-batching iteration: runs every segment's new tokens,
@@ -489,6 +310,7 @@ pub fn forward_ragged(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ragged_attention::{PARALLEL_WORK, TENSOR_ROWS};
 
     /// Every segment's rows in a Vec: what a paged cache holds, unpaged.
     struct MemKv {
@@ -538,91 +360,106 @@ mod tests {
             .collect()
     }
 
-    /// The plain loops give what the tensor ops give, with grouped query
-    /// heads, cached prefixes, decode rows and chunks of a prompt (short
-    /// ones in loops, a long one in tensors).
+    /// The ragged attention on slices gives what the tensor ops give, the
+    /// same rows stored, for `segs` (concatenated in order).
+    fn check_ragged(segs: &[Segment], heads: usize, kv_heads: usize, in_place: bool) {
+        let hd = 8;
+        let kvw = kv_heads * hd;
+        let total: usize = segs.iter().map(|s| s.len).sum();
+        let mem = |segs: &[Segment]| MemKv {
+            segs: segs.to_vec(),
+            rows: segs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let n = s.past * kvw;
+                    [filled(n, 7 + i as u32), filled(n, 99 + i as u32)]
+                })
+                .collect(),
+            width: kvw,
+            in_place,
+        };
+        let q = Tensor::from_vec(
+            filled(total * heads * hd, 1),
+            (total, heads, hd),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let k = Tensor::from_vec(filled(total * kvw, 2), (total, kvw), &Device::Cpu).unwrap();
+        let v = Tensor::from_vec(filled(total * kvw, 3), (total, kvw), &Device::Cpu).unwrap();
+        let masks: Vec<Tensor> = segs
+            .iter()
+            .map(|s| causal_mask(s.len, s.past).unwrap())
+            .collect();
+        let group = heads / kv_heads;
+        let by_head = |t: &Tensor, m: usize| -> Result<Tensor, ModelError> {
+            let t = t
+                .reshape((m, kv_heads, hd))?
+                .transpose(0, 1)?
+                .contiguous()?;
+            let which: Vec<u32> = (0..heads).map(|h| (h / group) as u32).collect();
+            let which = Tensor::from_vec(which, heads, &Device::Cpu)?;
+            Ok(t.index_select(&which, 0)?)
+        };
+        let (mut a, mut b) = (mem(segs), mem(segs));
+        let want = attend_segments(&mut a, 0, segs, &masks, &q, &k, &v, &by_head)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let got = attend_ragged(&mut b, 0, segs, &q, &k, &v, kv_heads)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
+            assert!(
+                (w - g).abs() < 1e-5,
+                "{w} vs {g} ({heads}/{kv_heads} heads)"
+            );
+        }
+        assert_eq!(a.rows, b.rows, "the new rows are stored alike");
+    }
+
+    /// With grouped query heads, cached prefixes, decode rows and chunks of
+    /// a prompt (short ones in loops, a long one in tensors).
     #[test]
     fn ragged_attention_in_loops_equals_the_tensor_ops() {
+        let segs = [(1, 5), (3, 0), (2, 7), (TENSOR_ROWS + 1, 4)];
+        let mut start = 0;
+        let segs: Vec<Segment> = segs
+            .iter()
+            .map(|&(len, past)| {
+                start += len;
+                Segment {
+                    start: start - len,
+                    len,
+                    past,
+                }
+            })
+            .collect();
         for (heads, kv_heads, in_place) in
             [(4, 4, false), (4, 2, false), (4, 4, true), (4, 2, true)]
         {
-            let hd = 8;
-            let kvw = kv_heads * hd;
-            let segs = vec![
-                Segment {
-                    start: 0,
-                    len: 1,
-                    past: 5,
-                },
-                Segment {
-                    start: 1,
-                    len: 3,
-                    past: 0,
-                },
-                Segment {
-                    start: 4,
-                    len: 2,
-                    past: 7,
-                },
-                // A prompt chunk: tensor ops.
-                Segment {
-                    start: 6,
-                    len: TENSOR_ROWS + 1,
-                    past: 4,
-                },
-            ];
-            let total = 6 + TENSOR_ROWS + 1;
-            let mem = |segs: &[Segment]| MemKv {
-                segs: segs.to_vec(),
-                rows: segs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let n = s.past * kvw;
-                        [filled(n, 7 + i as u32), filled(n, 99 + i as u32)]
-                    })
-                    .collect(),
-                width: kvw,
-                in_place,
-            };
-            let q = Tensor::from_vec(
-                filled(total * heads * hd, 1),
-                (total, heads, hd),
-                &Device::Cpu,
-            )
-            .unwrap();
-            let k = Tensor::from_vec(filled(total * kvw, 2), (total, kvw), &Device::Cpu).unwrap();
-            let v = Tensor::from_vec(filled(total * kvw, 3), (total, kvw), &Device::Cpu).unwrap();
-            let masks: Vec<Tensor> = segs
-                .iter()
-                .map(|s| causal_mask(s.len, s.past).unwrap())
-                .collect();
-            let group = heads / kv_heads;
-            let by_head = |t: &Tensor, m: usize| -> Result<Tensor, ModelError> {
-                let t = t
-                    .reshape((m, kv_heads, hd))?
-                    .transpose(0, 1)?
-                    .contiguous()?;
-                let which: Vec<u32> = (0..heads).map(|h| (h / group) as u32).collect();
-                let which = Tensor::from_vec(which, heads, &Device::Cpu)?;
-                Ok(t.index_select(&which, 0)?)
-            };
-            let (mut a, mut b) = (mem(&segs), mem(&segs));
-            let want = attend_segments(&mut a, 0, &segs, &masks, &q, &k, &v, &by_head)
-                .unwrap()
-                .to_vec2::<f32>()
-                .unwrap();
-            let got = attend_ragged(&mut b, 0, &segs, &q, &k, &v, kv_heads)
-                .unwrap()
-                .to_vec2::<f32>()
-                .unwrap();
-            for (w, g) in want.iter().flatten().zip(got.iter().flatten()) {
-                assert!(
-                    (w - g).abs() < 1e-5,
-                    "{w} vs {g} ({heads}/{kv_heads} heads)"
-                );
-            }
-            assert_eq!(a.rows, b.rows, "the new rows are stored alike");
+            check_ragged(&segs, heads, kv_heads, in_place);
         }
+    }
+
+    /// A decode step of many sequences is large enough to run them in
+    /// parallel: each still gets its own rows' attention, in its place.
+    #[test]
+    fn many_sequences_attending_in_parallel_equal_the_tensor_ops() {
+        let segs: Vec<Segment> = (0..48)
+            .map(|i| Segment {
+                start: i,
+                len: 1,
+                past: 40 + (i * 7) % 50,
+            })
+            .collect();
+        let work: usize = segs.iter().map(|s| s.past + 1).sum::<usize>() * 4 * 8;
+        assert!(
+            work >= PARALLEL_WORK,
+            "the batch is below the parallel threshold"
+        );
+        check_ragged(&segs, 4, 2, true);
+        check_ragged(&segs, 4, 4, false);
     }
 }

@@ -117,17 +117,7 @@ fn exp_shifted(x: &[f32], max: f32, y: &mut [f32]) {
             *y = exp(x - max);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    fn avx2(x: &[f32], max: f32, y: &mut [f32]) {
-        loops(x, max, y)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has both features, checked just above.
-        return unsafe { avx2(x, max, y) };
-    }
-    loops(x, max, y)
+    crate::cpu::simd_dispatch!(loops, avx2, (x: &[f32], max: f32, y: &mut [f32]));
 }
 
 /// One row of the softmax's backward: dx = y ∘ (dy − Σ y∘dy).

@@ -10,6 +10,9 @@
 //! - [`forward`]: shared arithmetic and the two entry points;
 //! - [`fused`]: one-pass CPU kernels with their backward passes;
 //! - [`fused_attention`]: causal attention over whole rows, for training;
+//! - [`kernels`]: products, norms, activations and rotations on slices,
+//!   which the trainer's pass and the engine's decoding share;
+//! - [`ragged_attention`]: the engine's attention over a ragged batch;
 //! - [`gyre`], [`decoder`], [`rope`]: the architectures;
 //! - [`safetensors_io`]: Gyre's single-file checkpoints;
 //! - [`hf`]: Hugging Face checkpoint directories (config.json, shards,
@@ -24,7 +27,9 @@ pub mod fused;
 pub mod fused_attention;
 pub mod gyre;
 pub mod hf;
+pub(crate) mod kernels;
 pub mod params;
+pub mod ragged_attention;
 pub mod rope;
 pub mod safetensors_io;
 pub mod vocab;

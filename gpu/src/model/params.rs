@@ -18,6 +18,18 @@ pub struct ParamSpec {
     pub len: usize,
 }
 
+/// A flat buffer's tensors by name, for the passes written on slices.
+pub(crate) struct ParamView<'a> {
+    pub layout: &'a ParamLayout,
+    pub params: &'a [f32],
+}
+
+impl<'a> ParamView<'a> {
+    pub fn get(&self, name: &str) -> Result<&'a [f32], ModelError> {
+        Ok(&self.params[self.layout.range(name)?])
+    }
+}
+
 /// Where each parameter lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamLayout {
@@ -57,6 +69,13 @@ impl ParamLayout {
 
     pub fn spec(&self, name: &str) -> Option<&ParamSpec> {
         self.specs.iter().find(|s| s.name == name)
+    }
+
+    /// Where the tensor `name` lies in the flat buffer.
+    pub fn range(&self, name: &str) -> Result<std::ops::Range<usize>, ModelError> {
+        self.spec(name)
+            .map(|s| s.offset..s.offset + s.len)
+            .ok_or_else(|| ModelError::Config(format!("layout has no tensor {name}")))
     }
 
     pub fn bytes(&self) -> usize {

@@ -36,7 +36,7 @@ impl Weights {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Self::assemble(cfg, &layout, &ts)
+        Self::assemble(cfg, &layout, &ts, data)
     }
 
     /// Tensors backed by fresh `Var`s (returned in layout order) so that a
@@ -56,16 +56,19 @@ impl Weights {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-        Ok((Self::assemble(cfg, &layout, &ts)?, vars))
+        Ok((Self::assemble(cfg, &layout, &ts, &params.data)?, vars))
     }
 
+    /// `ts` holds one tensor per layout spec, in layout order, made from
+    /// `data`.
     fn assemble(
         cfg: &ModelConfig,
         layout: &ParamLayout,
         ts: &[Tensor],
+        data: &[f32],
     ) -> Result<Self, ModelError> {
         Ok(match &cfg.arch {
-            Arch::Gyre => Weights::Gyre(GyreWeights::assemble(cfg, ts)),
+            Arch::Gyre => Weights::Gyre(GyreWeights::assemble(cfg, layout, ts, data)),
             Arch::Decoder(a) => Weights::Decoder(DecoderWeights::assemble(cfg, a, layout, ts)?),
         })
     }

@@ -265,7 +265,7 @@ impl Trainer {
         stats: Option<&SeqStats>,
     ) -> Result<MicroReport, TrainerError> {
         let w = self.take_weights()?;
-        let out = self.accumulate_with(&w, rows, step, loss, stats);
+        let out = crate::cpu::on_pool(|| self.accumulate_with(&w, rows, step, loss, stats));
         self.weights = Some(w);
         let report = out?;
         self.acc.micro_steps += 1;

@@ -138,17 +138,11 @@ fn step_loops(params: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], c:
 /// baseline x86-64): four f64 square roots and divisions at a time, the
 /// same correctly rounded results.
 fn step_chunk(params: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], c: &Step) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    fn avx2(params: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], c: &Step) {
-        step_loops(params, grad, m, v, c)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has both features, checked just above.
-        return unsafe { avx2(params, grad, m, v, c) };
-    }
-    step_loops(params, grad, m, v, c)
+    crate::cpu::simd_dispatch!(
+        step_loops,
+        step_avx2,
+        (params: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], c: &Step)
+    );
 }
 
 #[cfg(test)]

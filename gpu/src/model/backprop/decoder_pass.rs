@@ -7,14 +7,15 @@
 use std::ops::Range;
 
 use super::head::{Head, HeadParams};
-use super::kernels::{
-    Mat, add, concat_cols, from_heads, matmul, product, rms_norm, rms_norm_grad, rope, rope_grad,
-    silu_mul, silu_mul_grad, split_cols, sum_rows, to_heads,
-};
-use super::{Batch, Grads, Params, Rows, range};
+use super::{Batch, Grads, Rows};
 use crate::error::ModelError;
 use crate::model::config::{DecoderArch, Family};
 use crate::model::fused_attention::{self, Dims};
+use crate::model::kernels::{
+    Mat, add, concat_cols, from_heads, matmul, product, rms_norm, rms_norm_grad, rope, rope_grad,
+    silu_mul, silu_mul_grad, split_cols, sum_rows, to_heads,
+};
+use crate::model::params::ParamView;
 use crate::model::{ModelConfig, rope as rope_tables};
 
 pub(super) struct Saved {
@@ -77,12 +78,12 @@ struct Projections<'a> {
     /// matrix, and the group is one product forward and two backward
     /// (a larger product instead of two or three small ones).
     fused: Option<Range<usize>>,
-    p: &'a Params<'a>,
+    p: &'a ParamView<'a>,
 }
 
 impl<'a> Projections<'a> {
     fn new(
-        p: &'a Params<'a>,
+        p: &'a ParamView<'a>,
         layers: Vec<(String, usize)>,
         bias: bool,
     ) -> Result<Self, ModelError> {
@@ -90,7 +91,7 @@ impl<'a> Projections<'a> {
         if !bias {
             let ranges = layers
                 .iter()
-                .map(|(prefix, _)| range(p.layout, &format!("{prefix}.weight")))
+                .map(|(prefix, _)| p.layout.range(&format!("{prefix}.weight")))
                 .collect::<Result<Vec<_>, _>>()?;
             if ranges.windows(2).all(|w| w[0].end == w[1].start) {
                 fused = Some(ranges[0].start..ranges[ranges.len() - 1].end);
@@ -170,7 +171,7 @@ impl<'a> Projections<'a> {
 
 /// The q, k and v projections of layer `l`.
 fn qkv_of<'a>(
-    p: &'a Params<'a>,
+    p: &'a ParamView<'a>,
     l: usize,
     (qw, kw): (usize, usize),
     bias: bool,
@@ -183,7 +184,7 @@ fn qkv_of<'a>(
 }
 
 /// The gate and up projections of layer `l`.
-fn mlp_of<'a>(p: &'a Params<'a>, l: usize, f: usize) -> Result<Projections<'a>, ModelError> {
+fn mlp_of<'a>(p: &'a ParamView<'a>, l: usize, f: usize) -> Result<Projections<'a>, ModelError> {
     let layers = vec![(name(l, "mlp.gate_proj"), f), (name(l, "mlp.up_proj"), f)];
     Projections::new(p, layers, false)
 }
@@ -196,7 +197,7 @@ fn pop(v: &mut Vec<Vec<f32>>) -> Result<Vec<f32>, ModelError> {
 
 /// The down projection's gradients: dW += dyᵀ · x, and dy · W.
 fn down_grad(
-    p: &Params,
+    p: &ParamView,
     g: &mut Grads,
     name: &str,
     x: &[f32],
@@ -211,7 +212,7 @@ fn down_grad(
 pub(super) fn forward(
     cfg: &ModelConfig,
     arch: &DecoderArch,
-    p: &Params,
+    p: &ParamView,
     b: &Batch,
 ) -> Result<(Saved, Vec<f32>), ModelError> {
     let (d, f, heads, hd) = (cfg.width, cfg.ffn, cfg.heads, arch.head_dim);
@@ -302,7 +303,7 @@ pub(super) fn forward(
 
 pub(super) fn backward(
     s: Saved,
-    p: &Params,
+    p: &ParamView,
     mut g: Grads,
     rows: Rows,
     dlogp: &[f32],

@@ -4,13 +4,14 @@
 //! input-major head.
 
 use super::head::{Head, HeadParams};
-use super::kernels::{
-    Mat, from_heads, gelu, matmul, product, rms_norm, rms_norm_grad, scale_by, to_heads,
-};
-use super::{Batch, Grads, Params, Rows};
+use super::{Batch, Grads, Rows};
 use crate::error::ModelError;
 use crate::model::ModelConfig;
 use crate::model::fused_attention::{self, Dims};
+use crate::model::kernels::{
+    Mat, from_heads, gelu, matmul, product, rms_norm, rms_norm_grad, scale_by, to_heads,
+};
+use crate::model::params::ParamView;
 
 /// The norm's ε, as [`crate::model::gyre`] has it.
 const NORM_EPS: f64 = 1e-5;
@@ -52,7 +53,7 @@ fn name(l: usize, p: &str) -> String {
 
 pub(super) fn forward(
     cfg: &ModelConfig,
-    p: &Params,
+    p: &ParamView,
     b: &Batch,
 ) -> Result<(Saved, Vec<f32>), ModelError> {
     let (d, f, heads) = (cfg.width, cfg.ffn, cfg.heads);
@@ -123,7 +124,7 @@ pub(super) fn forward(
 
 pub(super) fn backward(
     s: Saved,
-    p: &Params,
+    p: &ParamView,
     mut g: Grads,
     rows: Rows,
     dlogp: &[f32],

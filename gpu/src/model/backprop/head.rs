@@ -10,9 +10,10 @@ use rayon::prelude::*;
 
 use crate::model::fused::exp;
 
-use super::kernels::{Mat, matmul, product, rms_norm, rms_norm_grad};
-use super::{Batch, Grads, Params};
+use super::{Batch, Grads};
 use crate::error::ModelError;
+use crate::model::kernels::{Mat, matmul, product, rms_norm, rms_norm_grad};
+use crate::model::params::ParamView;
 
 /// Where an architecture keeps its final norm and output head, and how:
 /// Gyre's model keeps the head input-major [d, V] (`x · W`), a Hugging
@@ -27,7 +28,7 @@ pub(super) struct HeadParams {
 }
 
 impl HeadParams {
-    fn matrix<'a>(&self, p: &Params<'a>, d: usize, vocab: usize) -> Result<Mat<'a>, ModelError> {
+    fn matrix<'a>(&self, p: &ParamView<'a>, d: usize, vocab: usize) -> Result<Mat<'a>, ModelError> {
         let data = p.get(self.lm)?;
         Ok(if self.out_major {
             Mat::new(data, vocab, d).t()
@@ -57,7 +58,7 @@ impl Head {
         x: &[f32],
         (d, vocab): (usize, usize),
         b: &Batch,
-        p: &Params,
+        p: &ParamView,
         at: HeadParams,
     ) -> Result<(Head, Vec<f32>), ModelError> {
         let k = b.at.len();
@@ -101,7 +102,7 @@ impl Head {
     /// rows `at` they came from.
     pub fn backward(
         mut self,
-        p: &Params,
+        p: &ParamView,
         g: &mut Grads,
         dlogp: &[f32],
         at: &[usize],

@@ -14,20 +14,19 @@
 //! check values and gradients against candle's autograd of the same
 //! model.
 //!
-//! - [`kernels`]: products, norms, activations and rotations on slices;
+//! The products, norms and activations on slices are
+//! [`crate::model::kernels`], which the engine's decoding shares.
+//!
 //! - [`head`]: final norm, output head and log-softmax;
 //! - [`gyre_pass`], [`decoder_pass`]: the two architectures' blocks.
 
 mod decoder_pass;
 mod gyre_pass;
 mod head;
-mod kernels;
-
-use std::ops::Range;
 
 use super::config::{Arch, ModelConfig};
 use super::forward::{check_batch, check_vocab};
-use super::params::ParamLayout;
+use super::params::{ParamLayout, ParamView};
 use super::weights::check_len;
 use crate::error::ModelError;
 
@@ -95,7 +94,7 @@ impl TrainPass {
             )));
         }
         check_vocab(cfg, batch.tokens)?;
-        let p = Params { layout, params };
+        let p = ParamView { layout, params };
         let (saved, logp) = match &cfg.arch {
             Arch::Gyre => {
                 let (s, l) = gyre_pass::forward(cfg, &p, batch)?;
@@ -137,7 +136,7 @@ impl TrainPass {
                 got: dlogp.len(),
             });
         }
-        let p = Params { layout, params };
+        let p = ParamView { layout, params };
         let g = Grads { layout, grads };
         let rows = Rows {
             ids: &self.ids,
@@ -158,25 +157,6 @@ struct Rows<'a> {
     at: &'a [usize],
 }
 
-fn range(layout: &ParamLayout, name: &str) -> Result<Range<usize>, ModelError> {
-    layout
-        .spec(name)
-        .map(|s| s.offset..s.offset + s.len)
-        .ok_or_else(|| ModelError::Config(format!("layout has no tensor {name}")))
-}
-
-/// The parameters by name.
-struct Params<'a> {
-    layout: &'a ParamLayout,
-    params: &'a [f32],
-}
-
-impl<'a> Params<'a> {
-    fn get(&self, name: &str) -> Result<&'a [f32], ModelError> {
-        Ok(&self.params[range(self.layout, name)?])
-    }
-}
-
 /// The flat gradient buffer by name.
 struct Grads<'a> {
     layout: &'a ParamLayout,
@@ -185,7 +165,7 @@ struct Grads<'a> {
 
 impl Grads<'_> {
     fn get(&mut self, name: &str) -> Result<&mut [f32], ModelError> {
-        let r = range(self.layout, name)?;
+        let r = self.layout.range(name)?;
         Ok(&mut self.grads[r])
     }
 }

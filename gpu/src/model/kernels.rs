@@ -1,6 +1,7 @@
-//! The slice kernels of the hand-written pass: row-major matrix products
-//! that may read either operand transposed and add into their output, and
-//! the row-wise norms, activations and rotations with their gradients.
+//! The slice kernels of the trainer's hand-written pass and the engine's
+//! decoding: row-major matrix products that may read either operand
+//! transposed and add into their output, and the row-wise norms,
+//! activations and rotations with their gradients.
 //!
 //! Every gradient kernel adds into its output (`+=`), so a parameter or a
 //! residual stream that several paths feed collects them in place: no
@@ -15,7 +16,7 @@ use crate::model::fused::{PARALLEL_FROM, inv_rms, phi, sigmoid};
 /// A row-major matrix operand: `rows × cols` as stored, read transposed
 /// when `t` is set.
 #[derive(Clone, Copy)]
-pub(super) struct Mat<'a> {
+pub(crate) struct Mat<'a> {
     pub data: &'a [f32],
     pub rows: usize,
     pub cols: usize,
@@ -60,7 +61,7 @@ impl<'a> Mat<'a> {
 const PARALLEL_PRODUCT: usize = 1 << 18;
 
 /// dst (m × n, row-major) = a · b, or dst += a · b with `add`.
-pub(super) fn matmul(dst: &mut [f32], a: Mat, b: Mat, add: bool) {
+pub(crate) fn matmul(dst: &mut [f32], a: Mat, b: Mat, add: bool) {
     let ((m, _), (_, n)) = (a.shape(), b.shape());
     assert_eq!(dst.len(), m * n, "matmul: the destination's size");
     // SAFETY: `dst` holds the m × n floats the product writes, and is a
@@ -70,7 +71,7 @@ pub(super) fn matmul(dst: &mut [f32], a: Mat, b: Mat, add: bool) {
 
 /// a · b into a new matrix, which is written once and never zeroed first
 /// (zeroing the step's fresh buffers was a twentieth of its time).
-pub(super) fn product(a: Mat, b: Mat) -> Vec<f32> {
+pub(crate) fn product(a: Mat, b: Mat) -> Vec<f32> {
     let ((m, _), (_, n)) = (a.shape(), b.shape());
     let mut out = Vec::with_capacity(m * n);
     // SAFETY: the product writes all m × n floats of the capacity (zeros
@@ -156,7 +157,7 @@ where
 
 /// y = x · rsqrt(mean(x²) + ε) · g per row of g's length (the arithmetic
 /// of [`crate::model::fused::rms_norm`]).
-pub(super) fn rms_norm(x: &[f32], g: &[f32], eps: f64) -> Vec<f32> {
+pub(crate) fn rms_norm(x: &[f32], g: &[f32], eps: f64) -> Vec<f32> {
     let mut y = vec![0f32; x.len()];
     rows2(x, &mut y, g.len(), |x, y| {
         let r = inv_rms(x, eps);
@@ -169,7 +170,7 @@ pub(super) fn rms_norm(x: &[f32], g: &[f32], eps: f64) -> Vec<f32> {
 
 /// The norm's backward: dx += r · (dy∘g − x · r² / D · Σ dy∘g∘x) per row,
 /// and dg += Σ over rows of dy∘x·r.
-pub(super) fn rms_norm_grad(
+pub(crate) fn rms_norm_grad(
     x: &[f32],
     g: &[f32],
     eps: f64,
@@ -244,26 +245,6 @@ where
     }
 }
 
-/// Calls the AVX2 and FMA build of a loop where the CPU has them (the
-/// crate builds for baseline x86-64), else the baseline one. Neither
-/// contracts a multiply and an add, so both give the same bits.
-macro_rules! simd_dispatch {
-    ($loops:ident, $avx2:ident, ($($arg:ident : $ty:ty),*)) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        fn $avx2($($arg: $ty),*) {
-            $loops($($arg),*)
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has both features, checked just above.
-            return unsafe { $avx2($($arg),*) };
-        }
-        return $loops($($arg),*);
-    };
-}
-
 #[inline(always)]
 fn gelu_loops(u: &[f32], y: &mut [f32], slope: &mut [f32]) {
     for ((&u, y), s) in u.iter().zip(y.iter_mut()).zip(slope.iter_mut()) {
@@ -274,19 +255,19 @@ fn gelu_loops(u: &[f32], y: &mut [f32], slope: &mut [f32]) {
 }
 
 fn gelu_chunk(u: &[f32], y: &mut [f32], slope: &mut [f32]) {
-    simd_dispatch!(gelu_loops, gelu_avx2, (u: &[f32], y: &mut [f32], slope: &mut [f32]));
+    crate::cpu::simd_dispatch!(gelu_loops, gelu_avx2, (u: &[f32], y: &mut [f32], slope: &mut [f32]));
 }
 
 /// GELU with the exact Φ: u·Φ(u), and its slope Φ(u) + u·φ(u), which is
 /// all the backward needs.
-pub(super) fn gelu(u: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn gelu(u: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let (mut y, mut slope) = (vec![0f32; u.len()], vec![0f32; u.len()]);
     chunks3(u, &mut y, &mut slope, gelu_chunk);
     (y, slope)
 }
 
 /// dy ∘ slope, in place.
-pub(super) fn scale_by(dy: &mut [f32], slope: &[f32]) {
+pub(crate) fn scale_by(dy: &mut [f32], slope: &[f32]) {
     zip_map(slope, slope, dy, |s, _, d| *d *= s);
 }
 
@@ -300,12 +281,12 @@ fn silu_loops(g: &[f32], silu: &mut [f32], slope: &mut [f32]) {
 }
 
 fn silu_chunk(g: &[f32], silu: &mut [f32], slope: &mut [f32]) {
-    simd_dispatch!(silu_loops, silu_avx2, (g: &[f32], silu: &mut [f32], slope: &mut [f32]));
+    crate::cpu::simd_dispatch!(silu_loops, silu_avx2, (g: &[f32], silu: &mut [f32], slope: &mut [f32]));
 }
 
 /// SwiGLU's gate, silu(g) ∘ u, with what the backward needs: silu(g) and
 /// its slope σ(g)(1 + g(1 − σ(g))). Returns (silu(g) ∘ u, silu(g), slope).
-pub(super) fn silu_mul(g: &[f32], u: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+pub(crate) fn silu_mul(g: &[f32], u: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (mut silu, mut slope) = (vec![0f32; g.len()], vec![0f32; g.len()]);
     chunks3(g, &mut silu, &mut slope, silu_chunk);
     let mut y = vec![0f32; g.len()];
@@ -315,7 +296,7 @@ pub(super) fn silu_mul(g: &[f32], u: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 
 /// The gradients of silu(g) ∘ u: dg = dy ∘ u ∘ slope, du = dy ∘ silu(g).
 /// `dy` becomes dg; du is returned.
-pub(super) fn silu_mul_grad(silu: &[f32], slope: &[f32], u: &[f32], dy: &mut [f32]) -> Vec<f32> {
+pub(crate) fn silu_mul_grad(silu: &[f32], slope: &[f32], u: &[f32], dy: &mut [f32]) -> Vec<f32> {
     let mut du = vec![0f32; dy.len()];
     zip_map(dy, silu, &mut du, |dy, s, du| *du = dy * s);
     zip_map(u, slope, dy, |u, s, dy| *dy *= u * s);
@@ -323,7 +304,7 @@ pub(super) fn silu_mul_grad(silu: &[f32], slope: &[f32], u: &[f32], dy: &mut [f3
 }
 
 /// Adds each row of `x` (rows of `dim`) into `out`.
-pub(super) fn sum_rows(x: &[f32], dim: usize, out: &mut [f32]) {
+pub(crate) fn sum_rows(x: &[f32], dim: usize, out: &mut [f32]) {
     for r in x.chunks_exact(dim) {
         for (o, &v) in out.iter_mut().zip(r) {
             *o += v;
@@ -332,13 +313,13 @@ pub(super) fn sum_rows(x: &[f32], dim: usize, out: &mut [f32]) {
 }
 
 /// `a += b`.
-pub(super) fn add(a: &mut [f32], b: &[f32]) {
+pub(crate) fn add(a: &mut [f32], b: &[f32]) {
     zip_map(b, b, a, |b, _, a| *a += b);
 }
 
 /// Copies the columns `col..col + heads·hd` of `x` (rows of `stride`, `n`
 /// sequences of `t` rows) into head-major [n, heads, t, hd].
-pub(super) fn to_heads(
+pub(crate) fn to_heads(
     x: &[f32],
     stride: usize,
     col: usize,
@@ -359,7 +340,7 @@ pub(super) fn to_heads(
 /// The inverse of [`to_heads`] for whole rows: each row is, part after
 /// part, every head's vector of that part (head-major [n, heads, t, hd]
 /// with its number of heads).
-pub(super) fn from_heads(parts: &[(&[f32], usize)], (n, t, hd): (usize, usize, usize)) -> Vec<f32> {
+pub(crate) fn from_heads(parts: &[(&[f32], usize)], (n, t, hd): (usize, usize, usize)) -> Vec<f32> {
     let width: usize = parts.iter().map(|(_, h)| h * hd).sum();
     let mut out = Vec::with_capacity(n * t * width);
     for b in 0..n {
@@ -377,7 +358,7 @@ pub(super) fn from_heads(parts: &[(&[f32], usize)], (n, t, hd): (usize, usize, u
 
 /// The column blocks of `x` (`m` rows of Σ widths), each as its own
 /// row-major matrix.
-pub(super) fn split_cols(x: &[f32], m: usize, widths: &[usize]) -> Vec<Vec<f32>> {
+pub(crate) fn split_cols(x: &[f32], m: usize, widths: &[usize]) -> Vec<Vec<f32>> {
     let total: usize = widths.iter().sum();
     let mut out: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(m * w)).collect();
     for row in x.chunks_exact(total).take(m) {
@@ -391,7 +372,7 @@ pub(super) fn split_cols(x: &[f32], m: usize, widths: &[usize]) -> Vec<Vec<f32>>
 }
 
 /// The inverse of [`split_cols`]: matrices of `m` rows side by side.
-pub(super) fn concat_cols(parts: &[(&[f32], usize)], m: usize) -> Vec<f32> {
+pub(crate) fn concat_cols(parts: &[(&[f32], usize)], m: usize) -> Vec<f32> {
     let total: usize = parts.iter().map(|(_, w)| w).sum();
     let mut out = Vec::with_capacity(m * total);
     for r in 0..m {
@@ -404,7 +385,7 @@ pub(super) fn concat_cols(parts: &[(&[f32], usize)], m: usize) -> Vec<f32> {
 
 /// Rotary embedding of each head (rows of `hd`) of row-major `x`, whose
 /// row `r` is at position `r % t`: x·cos + rotate_half(x)·sin, in place.
-pub(super) fn rope(x: &mut [f32], width: usize, t: usize, cos: &[f32], sin: &[f32], hd: usize) {
+pub(crate) fn rope(x: &mut [f32], width: usize, t: usize, cos: &[f32], sin: &[f32], hd: usize) {
     let half = hd / 2;
     for (r, row) in x.chunks_exact_mut(width).enumerate() {
         let p = (r % t) * hd;
@@ -420,7 +401,7 @@ pub(super) fn rope(x: &mut [f32], width: usize, t: usize, cos: &[f32], sin: &[f3
 }
 
 /// The rotation's backward, in place: dx = dy·cos + rotate_halfᵀ(dy·sin).
-pub(super) fn rope_grad(
+pub(crate) fn rope_grad(
     dy: &mut [f32],
     width: usize,
     t: usize,
