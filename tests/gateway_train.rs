@@ -234,23 +234,42 @@ fn wait_for(head: &mut std::process::Child, what: &str, mut done: impl FnMut() -
 /// Kills (kill -9) the `head` of the run tagged `run` (journal in `ck`)
 /// early in its second wave of executions: after the first update the
 /// next groups start (boundary dispatch) as slots free, and a second after
-/// two of their harnesses began those are early in their 8 calls. Returns
-/// the executions whose harnesses outlived it.
+/// two of them began, those are early in their 8 calls. Returns the
+/// executions whose harnesses outlived it.
+///
+/// The second wave's harnesses are told apart by age, not by starting
+/// after the journal's first update line: the boundary dispatch may
+/// start them just before the head writes that line (it did on a loaded
+/// machine, and the run then ended with no harness "new" after it),
+/// while by then the first wave's have run for 7 s at least (a pause of
+/// 1 s before each of their calls after the first).
 fn kill_early_in_the_second_wave(
     head: &mut std::process::Child,
     ck: &std::path::Path,
     run: &str,
 ) -> std::collections::BTreeSet<String> {
-    let running = || gyre::harness::orphans::leaders(run);
-    wait_for(head, "the run never updated", || journaled_updates(ck) >= 1);
-    let before: std::collections::BTreeSet<String> = running().into_keys().collect();
-    wait_for(head, "no harnesses began after the first update", || {
-        running().keys().filter(|e| !before.contains(*e)).count() >= 2
+    use std::time::{Duration, Instant};
+    const YOUNG: Duration = Duration::from_secs(4);
+    let mut first_seen: std::collections::BTreeMap<String, Instant> = Default::default();
+    let mut young_running = || {
+        let now = Instant::now();
+        gyre::harness::orphans::leaders(run)
+            .into_keys()
+            .filter(|e| now - *first_seen.entry(e.clone()).or_insert(now) < YOUNG)
+            .count()
+    };
+    wait_for(head, "the run never updated", || {
+        young_running();
+        journaled_updates(ck) >= 1
     });
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    wait_for(head, "no harnesses began around the first update", || {
+        young_running() >= 2
+    });
+    std::thread::sleep(Duration::from_secs(1));
     head.kill().unwrap();
     head.wait().unwrap();
-    let left: std::collections::BTreeSet<String> = running().into_keys().collect();
+    let left: std::collections::BTreeSet<String> =
+        gyre::harness::orphans::leaders(run).into_keys().collect();
     assert!(!left.is_empty(), "no harness outlived the head");
     left
 }

@@ -462,4 +462,31 @@ mod tests {
         check_ragged(&segs, 4, 2, true);
         check_ragged(&segs, 4, 4, false);
     }
+
+    /// Rows the batch does not have are named, not read.
+    #[test]
+    fn a_segment_outside_the_batch_is_refused() {
+        let segs = [Segment {
+            start: 1,
+            len: 2,
+            past: 0,
+        }];
+        let mut kv = MemKv {
+            segs: segs.to_vec(),
+            rows: vec![[Vec::new(), Vec::new()]],
+            width: 8,
+            in_place: false,
+        };
+        let dims = Heads {
+            heads: 1,
+            kv_heads: 1,
+            hd: 8,
+        };
+        let rows = vec![0.5f32; 2 * 8];
+        let err = attend_rows(&mut kv, 0, &segs, &rows, &rows, &rows, dims).unwrap_err();
+        assert!(
+            err.to_string().contains("rows 1..3 in a batch of 2"),
+            "{err}"
+        );
+    }
 }

@@ -71,6 +71,13 @@ pub fn attend_rows(
             got: v.len(),
         });
     }
+    if let Some(s) = segs.iter().find(|s| s.start + s.len > total) {
+        return Err(ModelError::Config(format!(
+            "attention: a segment of rows {}..{} in a batch of {total}",
+            s.start,
+            s.start + s.len
+        )));
+    }
     // Every new row is stored first, so that each sequence's rows are all
     // in place before any reads them; a store that lends no rows gives
     // copies of its cache, which the new rows extend.
