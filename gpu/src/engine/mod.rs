@@ -388,8 +388,14 @@ impl Engine {
             blocks,
             segs: &segs,
         };
-        let logits =
-            crate::cpu::on_pool(|| forward_ragged(&weights, &tokens, &segs, &mut store, &want))?;
+        let mut pass = || forward_ragged(&weights, &tokens, &segs, &mut store, &want);
+        // A single row's pass splits nothing over the pool: moving it onto
+        // a pool thread and back would only add two wake-ups per token.
+        let logits = if tokens.len() > 1 {
+            crate::cpu::on_pool(pass)
+        } else {
+            pass()
+        }?;
         for (id, take) in taken {
             if let Some(seq) = self.running.get_mut(&id) {
                 seq.cached += take;
