@@ -53,7 +53,10 @@ fn batching_does_not_change_outputs() {
     assert_eq!(done.len(), 8);
     let c = done.iter().find(|c| c.id == ids[3]).unwrap();
     assert_eq!(c.tokens, alone.tokens);
-    assert!(close(&c.logprobs, &alone.logprobs, 1e-5));
+    // Bit for bit: a row's arithmetic does not depend on the rows beside
+    // it (a `gyre serve` engine batches a run's calls differently from an
+    // in-process one, and the first update must not change).
+    assert_eq!(c.logprobs, alone.logprobs);
     assert_eq!(e2.load().kv_blocks_used, 0);
 }
 

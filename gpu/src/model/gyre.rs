@@ -12,7 +12,7 @@ use super::Model;
 use super::config::ModelConfig;
 use super::forward::{KvStore, Segment, check_batch, ragged_positions, rms_norm_eps};
 use super::fused_attention::causal_attention;
-use super::kernels::{Mat, gelu, matmul, product, rms_norm as rms_norm_rows, split_cols};
+use super::kernels::{Mat, add, gelu, product, rms_norm as rms_norm_rows, split_cols};
 use super::params::ParamLayout;
 use super::ragged_attention::{Heads, attend_rows};
 use crate::error::ModelError;
@@ -182,10 +182,20 @@ impl Model for GyreWeights {
             let wqkv = Mat::new(part(l, 1), d, 3 * d);
             let qkv = split_cols(&product(Mat::new(&h1, m, d), wqkv), m, &[d, d, d]);
             let a = attend_rows(kv, l, segs, &qkv[0], &qkv[1], &qkv[2], dims)?;
-            matmul(&mut x, Mat::new(&a, m, d), Mat::new(part(l, 2), d, d), true);
+            // The residual sums as products added afterwards, not added into
+            // by the product: `gemm` adds into its destination in another
+            // order for a single row, and a row's bits must not depend on
+            // the rows batched beside it.
+            add(
+                &mut x,
+                &product(Mat::new(&a, m, d), Mat::new(part(l, 2), d, d)),
+            );
             let h2 = rms_norm_rows(&x, part(l, 3), NORM_EPS);
             let (g, _) = gelu(&product(Mat::new(&h2, m, d), Mat::new(part(l, 4), d, f)));
-            matmul(&mut x, Mat::new(&g, m, f), Mat::new(part(l, 5), f, d), true);
+            add(
+                &mut x,
+                &product(Mat::new(&g, m, f), Mat::new(part(l, 5), f, d)),
+            );
         }
         if want.is_empty() {
             return Ok(Vec::new());
@@ -202,5 +212,124 @@ impl Model for GyreWeights {
             .chunks_exact(cfg.vocab)
             .map(<[f32]>::to_vec)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ParamBuffer, Weights};
+
+    /// Each sequence's keys and values per layer, in Vecs.
+    #[derive(Default)]
+    struct LayeredKv {
+        segs: Vec<Segment>,
+        rows: std::collections::HashMap<(usize, usize), [Vec<f32>; 2]>,
+    }
+
+    impl KvStore for LayeredKv {
+        fn load(&self, seg_ix: usize, layer: usize) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+            let [k, v] = self.rows.get(&(seg_ix, layer)).cloned().unwrap_or_default();
+            Ok((k, v))
+        }
+        fn store(
+            &mut self,
+            seg_ix: usize,
+            layer: usize,
+            k: &[f32],
+            v: &[f32],
+        ) -> Result<(), ModelError> {
+            let [ks, vs] = self.rows.entry((seg_ix, layer)).or_default();
+            ks.extend_from_slice(k);
+            vs.extend_from_slice(v);
+            Ok(())
+        }
+    }
+
+    /// Runs the sequences' `steps` (a batch of segments each, with `want`)
+    /// from empty caches; the logits of every step.
+    fn run(
+        w: &GyreWeights,
+        seqs: &[&[u32]],
+        steps: &[(Vec<(usize, usize)>, usize)],
+    ) -> Vec<Vec<f32>> {
+        let mut kv = LayeredKv::default();
+        let mut done = vec![0usize; seqs.len()];
+        let mut out = Vec::new();
+        for (parts, want_seq) in steps {
+            let (mut tokens, mut segs, mut want) = (Vec::new(), Vec::new(), Vec::new());
+            for &(seq, len) in parts {
+                let start = tokens.len();
+                tokens.extend_from_slice(&seqs[seq][done[seq]..done[seq] + len]);
+                segs.push(Segment {
+                    start,
+                    len,
+                    past: done[seq],
+                });
+                if seq == *want_seq {
+                    want.push(start + len - 1);
+                }
+            }
+            // The store's segment indices are this step's; map them to
+            // the sequences' own rows.
+            let mut step_kv = LayeredKv {
+                segs: segs.clone(),
+                rows: Default::default(),
+            };
+            for (si, &(seq, _)) in parts.iter().enumerate() {
+                for l in 0..w.cfg.layers {
+                    if let Some(r) = kv.rows.get(&(seq, l)) {
+                        step_kv.rows.insert((si, l), r.clone());
+                    }
+                }
+            }
+            out.extend(
+                w.forward_ragged(&tokens, &segs, &mut step_kv, &want)
+                    .unwrap(),
+            );
+            for (si, &(seq, len)) in parts.iter().enumerate() {
+                for l in 0..w.cfg.layers {
+                    kv.rows.insert((seq, l), step_kv.rows[&(si, l)].clone());
+                }
+                done[seq] += len;
+            }
+            assert_eq!(step_kv.segs, segs);
+        }
+        out
+    }
+
+    /// A decode row's logits are the same bits alone (a one-row pass) as
+    /// beside other rows: a `gyre serve` engine batches a run's calls
+    /// otherwise than an in-process one, and the run's first update must
+    /// come out the same (tests/train_serve.rs).
+    #[test]
+    fn a_rows_logits_do_not_depend_on_the_rows_beside_it() {
+        let cfg = ModelConfig::tiny();
+        let params = ParamBuffer::init(&cfg, 3).unwrap();
+        let Weights::Gyre(w) = Weights::from_flat(&cfg, &params.data).unwrap() else {
+            panic!("the tiny model is Gyre's");
+        };
+        let a: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 256).collect();
+        let b: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 256).collect();
+        // Prefill both, then decode a's next rows alone or beside b's.
+        let alone = run(
+            &w,
+            &[&a, &b],
+            &[
+                (vec![(0, 5), (1, 5)], 0),
+                (vec![(0, 1)], 0),
+                (vec![(0, 1)], 0),
+            ],
+        );
+        let beside = run(
+            &w,
+            &[&a, &b],
+            &[
+                (vec![(0, 5), (1, 5)], 0),
+                (vec![(1, 1), (0, 1)], 0),
+                (vec![(0, 1), (1, 1)], 0),
+            ],
+        );
+        assert_eq!(alone, beside);
     }
 }
